@@ -1,0 +1,18 @@
+"""cupyattn: exact FlashAttention-style attention for CuPy arrays.
+
+Every supported shape gets a tile configuration that fits the shared memory of
+the GPU it runs on; ``cupyattn.plan_forward`` and the ``python -m cupyattn``
+commands show the choice buffer by buffer.
+"""
+
+from .api import attention
+from .device import DeviceSpec, NAMED_DEVICES, current_device, named_device
+from .layout import Buffer, Layout
+from .plan import AttentionProblem, FwdSimtConfig, Plan, PlanError, plan_forward
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "attention", "AttentionProblem", "Buffer", "DeviceSpec", "FwdSimtConfig", "Layout", "NAMED_DEVICES",
+    "Plan", "PlanError", "current_device", "named_device", "plan_forward",
+]

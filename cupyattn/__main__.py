@@ -1,0 +1,135 @@
+"""Command line: ``python -m cupyattn check`` (the self-check on the GPU) and
+``python -m cupyattn plan`` (the chosen configuration and its shared memory,
+buffer by buffer, for the current GPU or a named one)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal): square, GQA, odd
+# sizes with Sq != Sk, and the seed thread's float32 head dim 128 at S = 4096.
+CHECK_SHAPES = (
+    (2, 1024, 1024, 8, 8, 64, False),
+    (2, 1024, 1024, 8, 2, 128, True),
+    (1, 777, 1029, 4, 4, 96, "top_left"),
+    (1, 1, 513, 4, 1, 256, True),
+)
+SEED_SHAPE = (4, 4096, 4096, 4, 4, 128, True)
+CHECK_ROWS = 256  # query rows checked against the float64 reference per shape
+
+
+def _gpu_available() -> str | None:
+    """None if a GPU is usable, else the reason."""
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, no cupy, no device
+        return f"{type(exc).__name__}: {exc}".strip()
+    return None if n > 0 else "no CUDA device found"
+
+
+def _time_call(fn, repeats: int = 10) -> float:
+    import cupy
+
+    fn()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def cmd_check(args) -> int:
+    reason = _gpu_available()
+    if reason is not None:
+        print(f"cupyattn check: no usable GPU ({reason}); nothing to check")
+        return 1
+    import cupy
+
+    from . import api, testing
+    from .device import current_device
+    from .plan import AttentionProblem, plan_forward
+    from .reference import attention_reference, causal_offset
+
+    spec = current_device().with_smem_limit(args.smem_limit)
+    print(spec.summary())
+    rng = np.random.default_rng(args.seed)
+    dtypes = ["float16", "bfloat16", "float32"]
+    if testing.bfloat16_dtype() is None:
+        print("bfloat16 skipped: install ml_dtypes to create bfloat16 arrays")
+        dtypes.remove("bfloat16")
+    cases = [(dt, shape) for dt in dtypes for shape in CHECK_SHAPES] + [("float32", SEED_SHAPE)]
+    failures = 0
+    header = f"{'dtype':<9} {'B':>2} {'Sq':>5} {'Sk':>5} {'Hq':>3} {'Hkv':>3} {'D':>4} {'causal':<12} {'ms':>8}  result  config"
+    print(header)
+    for dtype, (B, Sq, Sk, Hq, Hkv, D, causal) in cases:
+        hq = testing.host_values((B, Sq, Hq, D), dtype, rng)
+        hk = testing.host_values((B, Sk, Hkv, D), dtype, rng)
+        hv = testing.host_values((B, Sk, Hkv, D), dtype, rng)
+        q, k, v = (testing.to_device(x, dtype) for x in (hq, hk, hv))
+        out = cupy.empty((B, Sq, Hq, D), dtype=q.dtype)
+        testing.poison(out)
+        _, lse = api.attention(q, k, v, causal=causal, out=out, return_lse=True, smem_limit=args.smem_limit)
+        cupy.cuda.Device().synchronize()
+        rows = np.sort(rng.choice(Sq, size=min(Sq, CHECK_ROWS), replace=False))
+        ref, ref_lse = attention_reference(hq, hk, hv, causal=causal, rows=rows)
+        ref_p, _ = attention_reference(hq, hk, hv, causal=causal, rows=rows, precision=dtype)
+        cmp = testing.compare(testing.to_host(out)[:, rows], ref, ref_p, dtype)
+        lse_ok = np.allclose(cupy.asnumpy(lse)[:, :, rows], ref_lse, rtol=1e-4, atol=1e-4)
+        ms = _time_call(lambda: api.attention(q, k, v, causal=causal, out=out, smem_limit=args.smem_limit))
+        ok = cmp.ok and lse_ok
+        failures += not ok
+        problem = AttentionProblem(dtype, D, D, causal_offset(causal, Sq, Sk) is not None, B, Hq, Hkv, Sq, Sk)
+        name = plan_forward(problem, spec).config.name_expression
+        print(f"{dtype:<9} {B:>2} {Sq:>5} {Sk:>5} {Hq:>3} {Hkv:>3} {D:>4} {str(causal):<12} {ms:>8.3f}  "
+              f"{'pass' if ok else 'FAIL'}    {name}")
+        if not ok:
+            print(f"    {cmp}; lse {'ok' if lse_ok else 'mismatch'}")
+    print(f"{len(cases) - failures} passed, {failures} failed")
+    return 0 if failures == 0 else 1
+
+
+def cmd_plan(args) -> int:
+    from .device import resolve_device
+    from .plan import AttentionProblem, plan_forward
+
+    spec = resolve_device(args.device).with_smem_limit(args.smem_limit)
+    problem = AttentionProblem(args.dtype, args.head_dim, args.head_dim_v or args.head_dim,
+                               args.causal, args.batch, args.heads, args.heads, args.seqlen, args.seqlen)
+    print(plan_forward(problem, spec).describe())
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cupyattn", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="run the forward against the float64 reference on this GPU")
+    check.add_argument("--smem-limit", type=int, default=None, help="plan as if a block had this many bytes")
+    check.add_argument("--seed", type=int, default=int(time.time()))
+    check.set_defaults(func=cmd_check)
+    plan = sub.add_parser("plan", help="show the forward plan and its shared-memory layout")
+    plan.add_argument("--device", default="current", help="current, or a named GPU (t4, rtx6000ada, sm_89, ...)")
+    plan.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    plan.add_argument("--head-dim", type=int, default=128)
+    plan.add_argument("--head-dim-v", type=int, default=None)
+    plan.add_argument("--causal", action="store_true")
+    plan.add_argument("--batch", type=int, default=4)
+    plan.add_argument("--heads", type=int, default=16)
+    plan.add_argument("--seqlen", type=int, default=4096)
+    plan.add_argument("--smem-limit", type=int, default=None)
+    plan.set_defaults(func=cmd_plan)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

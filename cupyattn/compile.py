@@ -1,0 +1,163 @@
+"""The only module that touches NVRTC / RawModule.
+
+``get_kernel(config, device)`` compiles a configuration for the live device with
+CuPy's ``RawModule`` (name expressions, C++17), caches it per (device, config,
+hash of every file in kernels/), and opts the kernel into exactly the shared
+memory its layout needs. The layout check (``check_expression``) is compiled in
+the same module, so a kernel whose offsets disagree with the planner's never loads.
+
+``compile_only(config, arch)`` compiles through NVRTC's bindings with no GPU and
+reports registers, spills and static shared memory from the ptxas log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import re
+import threading
+from pathlib import Path
+
+from .plan import check_expression
+
+NVRTC_OPTIONS = ("-std=c++17",)
+
+
+def kernels_dir() -> Path:
+    """kernels/ of a checkout, or cupyattn/kernels of an installed package."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "kernels", here.parent / "kernels"):
+        if (candidate / "common.cuh").is_file():
+            return candidate
+    raise FileNotFoundError(f"cupyattn kernels not found next to {here}")
+
+
+@functools.lru_cache(maxsize=1)
+def kernels_hash() -> str:
+    """Hash of every kernel file: CuPy's disk cache does not see included headers."""
+    h = hashlib.sha256()
+    for path in sorted(kernels_dir().glob("*.cu*")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def kernel_source(config) -> str:
+    # The hash line makes CuPy's own disk cache key change whenever any header does.
+    return f'// cupyattn kernels {kernels_hash()}\n#include "{config.HEADER}"\n'
+
+
+class CompileError(RuntimeError):
+    pass
+
+
+_cache: dict = {}
+_lock = threading.Lock()
+
+
+def get_kernel(config, device):
+    """The loaded kernel (a ``cupy.RawKernel``) for ``config`` on the live ``device``."""
+    import cupy
+
+    key = (device.device_id, config.name_expression, kernels_hash())
+    kernel = _cache.get(key)
+    if kernel is not None:
+        return kernel
+    with _lock:  # first callers of one config compile it once
+        kernel = _cache.get(key)
+        if kernel is not None:
+            return kernel
+        options = NVRTC_OPTIONS + (f"-I{kernels_dir()}",)
+        with cupy.cuda.Device(device.device_id):
+            try:
+                module = cupy.RawModule(
+                    code=kernel_source(config), options=options,
+                    name_expressions=[config.name_expression, check_expression(config)])
+                kernel = module.get_function(config.name_expression)
+            except cupy.cuda.compiler.CompileException as exc:
+                raise CompileError(f"compiling {config.name_expression} failed:\n{exc}") from exc
+            smem = config.layout.total
+            if smem > device.smem_per_block:
+                kernel.max_dynamic_shared_size_bytes = smem
+        _cache[key] = kernel
+        return kernel
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileReport:
+    name_expression: str
+    arch: str
+    registers: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    stack_bytes: int
+    static_smem_bytes: int
+    log: str
+
+    @property
+    def spills(self) -> int:
+        return self.spill_store_bytes + self.spill_load_bytes
+
+
+def cuda_include_dirs() -> list[str]:
+    """Where cuda_fp16.h / cuda_bf16.h live: pip's CUDA headers, CUDA_PATH, /usr/local/cuda."""
+    dirs = []
+    try:
+        import cupy.cuda
+
+        root = cupy.cuda.get_cuda_path()
+        if root:
+            dirs.append(os.path.join(root, "include"))
+    except Exception:
+        pass
+    for var in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(var):
+            dirs.append(os.path.join(os.environ[var], "include"))
+    dirs.append("/usr/local/cuda/include")
+    return [d for d in dirs if os.path.isfile(os.path.join(d, "cuda_fp16.h"))]
+
+
+def _parse_ptxas(log: str, mangled: str) -> dict:
+    """Registers, spills, stack and static smem of one entry function in a -Xptxas=-v log."""
+    out = dict(registers=0, spill_store_bytes=0, spill_load_bytes=0, stack_bytes=0, static_smem_bytes=0)
+    start = log.find(f"Function properties for {mangled}")
+    if start < 0:
+        raise CompileError(f"ptxas log has no entry for {mangled}:\n{log}")
+    section = log[start:].split("Function properties for", 2)[1]
+    patterns = {
+        "stack_bytes": r"(\d+) bytes stack frame",
+        "spill_store_bytes": r"(\d+) bytes spill stores",
+        "spill_load_bytes": r"(\d+) bytes spill loads",
+        "registers": r"Used (\d+) registers",
+        "static_smem_bytes": r"(\d+) bytes smem",
+    }
+    for key, pat in patterns.items():
+        m = re.search(pat, section)
+        if m:
+            out[key] = int(m.group(1))
+    return out
+
+
+def compile_only(config, arch: str) -> CompileReport:
+    """Compile ``config`` for ``arch`` (e.g. ``sm_90``) without a GPU; report resources."""
+    from cupy.cuda import nvrtc
+
+    expr = config.name_expression
+    options = list(NVRTC_OPTIONS) + [f"-arch={arch}", "-Xptxas=-v", f"-I{kernels_dir()}"]
+    options += [f"-I{d}" for d in cuda_include_dirs()]
+    prog = nvrtc.createProgram(kernel_source(config), "cupyattn.cu", [], [])
+    try:
+        nvrtc.addNameExpression(prog, expr)
+        nvrtc.addNameExpression(prog, check_expression(config))
+        try:
+            nvrtc.compileProgram(prog, options)
+        except nvrtc.NVRTCError as exc:
+            raise CompileError(
+                f"compiling {expr} for {arch} failed ({exc}):\n{nvrtc.getProgramLog(prog)}") from exc
+        log = nvrtc.getProgramLog(prog)
+        mangled = nvrtc.getLoweredName(prog, expr)
+    finally:
+        nvrtc.destroyProgram(prog)
+    return CompileReport(expr, arch, log=log, **_parse_ptxas(log, mangled))

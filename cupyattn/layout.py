@@ -1,0 +1,82 @@
+"""Shared-memory layouts as ordered, named buffers: the single source of truth.
+
+The launch's dynamic shared memory is ``Layout.total``; each kernel derives the
+same offsets from its template parameters, and ``check_expression`` names a
+compile-time check (``cupyattn::check_layout``) that fails to compile if the two
+ever disagree. It is compiled next to every kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+ALIGN = 16  # every buffer starts on a 16-byte boundary (vector loads, cp.async)
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def align(n: int, to: int = ALIGN) -> int:
+    return (n + to - 1) // to * to
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+    name: str
+    shape: tuple[int, ...]  # elements
+    dtype: str  # float32 / float16 / bfloat16
+    offset: int  # bytes from the start of dynamic shared memory
+    note: str = ""
+
+    @property
+    def bytes(self) -> int:
+        return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    buffers: tuple[Buffer, ...]
+
+    @property
+    def total(self) -> int:
+        return self.buffers[-1].end if self.buffers else 0
+
+    def __iter__(self):
+        return iter(self.buffers)
+
+    def __getitem__(self, name: str) -> Buffer:
+        for buf in self.buffers:
+            if buf.name == name:
+                return buf
+        raise KeyError(name)
+
+    def table(self) -> str:
+        """One line per buffer: name, shape, dtype, offset, bytes; then the total."""
+        rows = [f"  {'buffer':<10} {'shape':<14} {'dtype':<9} {'offset':>8} {'bytes':>8}"]
+        for b in self.buffers:
+            shape = "x".join(str(s) for s in b.shape)
+            note = f"  {b.note}" if b.note else ""
+            rows.append(f"  {b.name:<10} {shape:<14} {b.dtype:<9} {b.offset:>8} {b.bytes:>8}{note}")
+        rows.append(f"  {'total':<10} {'':<14} {'':<9} {'':>8} {self.total:>8}")
+        return "\n".join(rows)
+
+
+class LayoutBuilder:
+    """Appends buffers in order, each aligned to 16 bytes, as the kernels do."""
+
+    def __init__(self):
+        self._buffers: list[Buffer] = []
+        self._end = 0
+
+    def add(self, name: str, shape: tuple[int, ...], dtype: str, note: str = "") -> "LayoutBuilder":
+        buf = Buffer(name, tuple(int(s) for s in shape), dtype, align(self._end), note)
+        self._buffers.append(buf)
+        self._end = buf.end
+        return self
+
+    def build(self) -> Layout:
+        return Layout(tuple(self._buffers))

@@ -1,0 +1,233 @@
+"""Tile configurations and the planner.
+
+A configuration is a frozen dataclass whose fields are its kernel's C++ template
+parameters, one to one; its ``name_expression`` (e.g.
+``cupyattn::attn_fwd_simt<float, 128, 128, 32, 64, 4, true>``) is its identity in
+errors, logs, benchmark tables and cache keys. Each configuration knows its
+shared-memory layout. The planner is a pure function of (problem, DeviceSpec).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from .device import DeviceSpec
+from .layout import DTYPE_BYTES, Layout, LayoutBuilder
+
+CXX_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+MAX_HEAD_DIM = 256
+
+
+def pad_head_dim(d: int) -> int:
+    """Head dims are padded to a multiple of 8 in shared memory (zero-filled)."""
+    return max(8, (int(d) + 7) // 8 * 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionProblem:
+    """What a call asks for, reduced to what planning needs."""
+
+    dtype: str  # float32 / float16 / bfloat16
+    head_dim: int
+    head_dim_v: int
+    causal: bool
+    batch: int = 1
+    heads_q: int = 1
+    heads_kv: int = 1
+    seqlen_q: int = 1024
+    seqlen_k: int = 1024
+
+    def __post_init__(self):
+        if self.dtype not in CXX_TYPES:
+            raise ValueError(f"dtype: expected one of {sorted(CXX_TYPES)}, got {self.dtype!r}")
+        for name in ("head_dim", "head_dim_v"):
+            d = getattr(self, name)
+            if not 1 <= d <= MAX_HEAD_DIM:
+                raise ValueError(f"{name}: expected 1..{MAX_HEAD_DIM}, got {d}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdSimtConfig:
+    """``attn_fwd_simt``: forward on CUDA cores, float32 accumulation (kernels/attn_fwd_simt.cuh)."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_fwd_simt"
+    LAYOUT: ClassVar[str] = "cupyattn::FwdSimtLayout"
+    HEADER: ClassVar[str] = "attn_fwd_simt.cuh"
+
+    dtype: str
+    head_dim_pad: int
+    head_dim_v_pad: int
+    block_m: int
+    block_n: int
+    num_warps: int
+    causal: bool
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32
+
+    @property
+    def _cxx_type(self) -> str:
+        return CXX_TYPES[self.dtype]
+
+    @property
+    def name_expression(self) -> str:
+        causal = "true" if self.causal else "false"
+        return (f"{self.KERNEL}<{self._cxx_type}, {self.head_dim_pad}, {self.head_dim_v_pad}, "
+                f"{self.block_m}, {self.block_n}, {self.num_warps}, {causal}>")
+
+    @property
+    def layout_expression(self) -> str:
+        return (f"{self.LAYOUT}<{self._cxx_type}, {self.head_dim_pad}, {self.head_dim_v_pad}, "
+                f"{self.block_m}, {self.block_n}>")
+
+    @property
+    def layout(self) -> Layout:
+        vec = 4 // DTYPE_BYTES[self.dtype]  # elements per 4-byte word
+        return (LayoutBuilder()
+                .add("q_tile", (self.block_m, self.head_dim_pad), self.dtype)
+                .add("k_tile", (self.block_n, self.head_dim_pad + vec), self.dtype,
+                     "+1 word per row: lanes read K by column without bank conflicts")
+                .add("v_tile", (self.block_n, self.head_dim_v_pad), self.dtype)
+                .build())
+
+
+def check_expression(config) -> str:
+    """The ``check_layout`` instantiation that pins the kernel's layout to the planner's."""
+    lay = config.layout
+    offsets = ", ".join(str(b.offset) for b in lay)
+    return f"cupyattn::check_layout<{config.layout_expression}, {lay.total}, {offsets}>"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    name_expression: str
+    smem_bytes: int
+    limit: int
+
+    @property
+    def over_by(self) -> int:
+        return self.smem_bytes - self.limit
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    config: FwdSimtConfig
+    device: DeviceSpec
+    problem: AttentionProblem
+    rejected: tuple[Rejected, ...]
+    reason: str
+
+    @property
+    def layout(self) -> Layout:
+        return self.config.layout
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.layout.total
+
+    @property
+    def blocks_per_sm_by_smem(self) -> int:
+        return blocks_per_sm(self.smem_bytes, self.config.threads, self.device)
+
+    def describe(self) -> str:
+        d = self.device
+        lines = [
+            f"{self.config.name_expression}",
+            f"  device: {d.summary()}",
+            f"  shared memory: {self.smem_bytes} of {d.smem_per_block_optin} bytes opt-in "
+            f"({100 * self.smem_bytes / d.smem_per_block_optin:.0f}%), "
+            f"{self.blocks_per_sm_by_smem} block(s) per SM by shared memory",
+            f"  why: {self.reason}",
+            self.layout.table(),
+        ]
+        for r in self.rejected:
+            lines.append(f"  rejected {r.name_expression}: {r.smem_bytes} bytes, "
+                         f"{r.over_by} over the {r.limit}-byte limit")
+        return "\n".join(lines)
+
+
+class PlanError(ValueError):
+    """No candidate fits; the message lists every candidate with its bytes and the limit."""
+
+
+def blocks_per_sm(smem_bytes: int, threads: int, device: DeviceSpec) -> int:
+    by_smem = device.smem_per_sm // (smem_bytes + device.smem_reserved_per_block)
+    by_threads = device.max_threads_per_sm // threads
+    return max(0, min(by_smem, by_threads, device.max_blocks_per_sm))
+
+
+# Forward SIMT candidates (block_m, block_n, num_warps), most preferred first.
+# Each K/V tile loaded into shared memory is reused by block_m query rows, so
+# larger block_m moves fewer bytes. Each warp keeps block_m / num_warps query
+# rows of O in registers; past 32 accumulators per lane (8 rows at head dim
+# 256) ptxas needs ~168 registers for sm_90, so those head dims take the 8-warp
+# 32-row tiles instead (and, with no minimum-blocks launch bound, it spilled). The smallest tiles exist so
+# that float32 at head dim 256 fits the 64 KiB of a T4 (8 x 8 tiles: 24.3 KiB).
+FWD_SIMT_TILES = (
+    (64, 64, 8),
+    (64, 32, 8),
+    (32, 64, 4),
+    (32, 32, 4),
+    (32, 64, 8),
+    (32, 32, 8),
+    (16, 32, 4),
+    (16, 16, 4),
+    (8, 16, 2),
+    (8, 8, 2),
+)
+MAX_O_ACCUMULATORS_PER_LANE = 32
+
+
+def o_accumulators_per_lane(dtype: str, head_dim_v_pad: int, block_m: int, num_warps: int) -> int:
+    """Floats of O each lane of attn_fwd_simt keeps: rows x 4-byte words per lane x VEC."""
+    vec = 4 // DTYPE_BYTES[dtype]
+    words_per_lane = -(-(head_dim_v_pad // vec) // 32)
+    return block_m // num_warps * words_per_lane * vec
+
+
+def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
+    """The forward configuration for ``problem`` on ``device``.
+
+    Among the candidates whose shared memory fits the device's opt-in limit (the
+    kernels use no static shared memory), take the first in preference order that
+    also gives at least one full wave of blocks; if none fills the GPU (small
+    batch x heads x seqlen_q), take the fitting one with the most blocks. Query
+    tiles never exceed the query length rounded up to a power of two (at least 8),
+    and tiles whose O accumulators would not fit in registers are not considered.
+    """
+    limit = device.smem_per_block_optin
+    d_pad, dv_pad = pad_head_dim(problem.head_dim), pad_head_dim(problem.head_dim_v)
+    max_block_m = max(8, 1 << (max(1, problem.seqlen_q) - 1).bit_length())
+    fitting, rejected = [], []
+    for block_m, block_n, warps in FWD_SIMT_TILES:
+        if block_m > max_block_m:
+            continue
+        if o_accumulators_per_lane(problem.dtype, dv_pad, block_m, warps) > MAX_O_ACCUMULATORS_PER_LANE:
+            continue
+        cfg = FwdSimtConfig(problem.dtype, d_pad, dv_pad, block_m, block_n, warps, bool(problem.causal))
+        smem = cfg.layout.total
+        if smem <= limit:
+            fitting.append(cfg)
+        else:
+            rejected.append(Rejected(cfg.name_expression, smem, limit))
+    if not fitting:
+        tried = "\n".join(f"  {r.name_expression}: {r.smem_bytes} bytes" for r in rejected)
+        raise PlanError(
+            f"no forward configuration fits {device.name}: limit {limit} bytes of shared memory "
+            f"per block for {problem.dtype} head_dim={problem.head_dim}; tried:\n{tried}")
+
+    def num_blocks(cfg):
+        m_tiles = -(-max(1, problem.seqlen_q) // cfg.block_m)
+        return problem.batch * problem.heads_q * m_tiles
+
+    for cfg in fitting:
+        if num_blocks(cfg) >= device.sm_count:
+            reason = ("the most preferred tile that fits the opt-in limit and fills "
+                      f"{device.sm_count} SMs ({num_blocks(cfg)} blocks)")
+            return Plan(cfg, device, problem, tuple(rejected), reason)
+    cfg = max(fitting, key=num_blocks)
+    reason = (f"no fitting tile fills {device.sm_count} SMs; this one gives the most blocks "
+              f"({num_blocks(cfg)})")
+    return Plan(cfg, device, problem, tuple(rejected), reason)

@@ -1,0 +1,116 @@
+"""NumPy references: the ground truth every kernel is checked against.
+
+``attention_reference`` computes in float64 by default. With ``precision`` set to
+an input dtype it is the *same-precision* reference of FlashAttention's test rule:
+float32 arithmetic with the probabilities rounded to that dtype before P @ V and
+the output rounded to it, as a half-precision kernel does. A kernel passes when
+its error against the float64 result is at most a small multiple of this
+reference's own error (``tolerance``).
+
+Masking matches the kernels: with ``causal="bottom_right"`` (or True) query i
+sees key j iff j <= i + Sk - Sq; with ``"top_left"`` iff j <= i. A row that sees
+no key has out = 0 and lse = -inf.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def causal_offset(causal, seqlen_q: int, seqlen_k: int) -> int | None:
+    """The diagonal offset of the causal mask (key j visible iff j <= i + offset), or None."""
+    if causal is False or causal is None:
+        return None
+    if causal is True or causal == "bottom_right":
+        return seqlen_k - seqlen_q
+    if causal == "top_left":
+        return 0
+    raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}")
+
+
+def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Round float values to ``dtype`` (nearest even), returned as float32."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "float32":
+        return x
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        bits = x.view(np.uint32).astype(np.uint64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        out = rounded.astype(np.uint32).view(np.float32)
+        return np.where(np.isnan(x), x, out)
+    raise ValueError(f"dtype: expected float32, float16 or bfloat16, got {dtype!r}")
+
+
+def unit_roundoff(dtype: str) -> float:
+    return {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}[dtype]
+
+
+def _to_bshd(x, layout):
+    x = np.asarray(x)
+    if layout == "bhsd":
+        return x.transpose(0, 2, 1, 3)
+    if layout != "bshd":
+        raise ValueError(f"layout: expected 'bshd' or 'bhsd', got {layout!r}")
+    return x
+
+
+def attention_reference(q, k, v, causal=False, scale=None, layout="bshd", precision=None,
+                        rows=None):
+    """(out, lse) of softmax(scale * Q K^T) V for host arrays.
+
+    q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) ("bshd") or the
+    (B, H, S, D) transposes ("bhsd"). out has q's layout and shape (with Dv);
+    lse is (B, Hq, Sq), natural log. ``precision=None`` computes in float64.
+    ``rows`` (query indices) evaluates only those rows, for long sequences.
+    """
+    q, k, v = (_to_bshd(x, layout) for x in (q, k, v))
+    if precision is None:
+        work = np.float64
+        q, k, v = (np.asarray(x, dtype=work) for x in (q, k, v))
+    else:  # what a kernel of that precision sees: inputs rounded to it, float32 arithmetic
+        work = np.float32
+        q, k, v = (round_to(x, precision) for x in (q, k, v))
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    if scale is None:
+        scale = 1.0 / np.sqrt(D)
+    # (B, H, S, D), key/value heads repeated for GQA.
+    qh = q.transpose(0, 2, 1, 3)
+    rows = np.arange(Sq) if rows is None else np.asarray(rows)
+    qh = qh[:, :, rows]
+    kh = np.repeat(k.transpose(0, 2, 1, 3), group, axis=1)
+    vh = np.repeat(v.transpose(0, 2, 1, 3), group, axis=1)
+    s = np.einsum("bhid,bhjd->bhij", qh, kh).astype(work) * work(scale)
+    offset = causal_offset(causal, Sq, Sk)
+    if offset is not None:
+        visible = np.arange(Sk)[None, :] <= rows[:, None] + offset
+        s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m_safe = np.where(np.isfinite(m), m, 0)
+    p = np.exp(s - m_safe)
+    l = p.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = np.where(l > 0, np.log(l) + m_safe, -np.inf)[..., 0]
+        p = np.where(l > 0, p / np.where(l > 0, l, 1), 0)
+    if precision is not None:
+        p = round_to(p, precision)
+    out = np.einsum("bhij,bhjd->bhid", p, vh).astype(work)
+    if precision is not None:
+        out = round_to(out, precision)
+    out = out.transpose(0, 2, 1, 3)  # back to (B, Sq, Hq, Dv)
+    if layout == "bhsd":
+        out = out.transpose(0, 2, 1, 3)
+    return out, lse.astype(np.float32 if precision is not None else np.float64)
+
+
+def tolerance(ref_same_precision_error: float, dtype: str, magnitude: float = 1.0,
+              factor: float = 2.0) -> float:
+    """FlashAttention's rule: ``factor`` x the same-precision reference's error plus a floor.
+
+    The floor (a few units of rounding of the output's magnitude) keeps cases
+    where the same-precision reference happens to be exact (Sk = 1) meaningful.
+    """
+    return factor * ref_same_precision_error + 4 * unit_roundoff(dtype) * max(1.0, magnitude)

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# One device call: the self-check, then the GPU tests (parallel compiles), logs under $OUT.
+# Usage on the GPU machine, from the checkout: bash scripts/gpu_tests.sh [pytest args]
+set -uo pipefail
+export PYTHONPATH=. PYTHONUNBUFFERED=1 CUPY_CACHE_DIR="$PWD/.cupy_cache"
+OUT=${OUT:-/tmp/cupyattn-out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
+python3 -m cupyattn check 2>&1 | tee "$OUT/check.log"
+python3 -m pytest -n 16 -q -m gpu -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log" | tail -40

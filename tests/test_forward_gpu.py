@@ -1,0 +1,215 @@
+"""Forward kernels on the GPU against the float64 NumPy reference.
+
+Rule (FlashAttention's): max|out - ref64| <= 2 * max|out_same_precision - ref64| + floor.
+Fresh random inputs every example; outputs poisoned with NaN before each launch;
+strided views whose padding holds NaN, so a read past the logical end shows.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cupyattn
+from cupyattn import testing
+from cupyattn.reference import attention_reference
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = ["float16", "bfloat16", "float32"]
+HEAD_DIMS = [1, 3, 8, 31, 33, 64, 80, 96, 128, 160, 200, 256]
+# Tile sizes are 8..64: 1, tile - 1, tile, tile + 1 for several of them.
+SEQLENS = [1, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 200]
+SETTINGS = settings(max_examples=12, deadline=None, derandomize=False,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def device_array(values: np.ndarray, dtype: str, strided: bool, rng):
+    """``values`` on the device, either packed or as a view into a NaN-padded buffer."""
+    if not strided:
+        return testing.to_device(values, dtype)
+    B, S, H, D = values.shape
+    big = np.full((B, S + 1, H + 2, D + 3), np.nan, dtype=np.float32)
+    h0 = int(rng.integers(0, 3))
+    big[:, :S, h0:h0 + H, :D] = values
+    return testing.to_device(big, dtype)[:, :S, h0:h0 + H, :D]
+
+
+def run_and_check(*, B, Sq, Sk, Hq, Hkv, D, Dv, dtype, causal, scale=None, layout="bshd",
+                  strided=False, smem_limit=None, seed=0, rows=None):
+    rng = np.random.default_rng(seed)
+    hq = testing.host_values((B, Sq, Hq, D), dtype, rng)
+    hk = testing.host_values((B, Sk, Hkv, D), dtype, rng)
+    hv = testing.host_values((B, Sk, Hkv, Dv), dtype, rng)
+    q, k, v = (device_array(x, dtype, strided, rng) for x in (hq, hk, hv))
+    if layout == "bhsd":
+        q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    out_shape = (B, Hq, Sq, Dv) if layout == "bhsd" else (B, Sq, Hq, Dv)
+    out = testing.to_device(np.zeros(out_shape, np.float32), dtype)
+    testing.poison(out)
+    got, lse = cupyattn.attention(q, k, v, causal=causal, scale=scale, layout=layout, out=out,
+                                  return_lse=True, smem_limit=smem_limit)
+    assert got is out
+    got = testing.to_host(out)
+    if layout == "bhsd":
+        got = got.transpose(0, 2, 1, 3)
+    ref, ref_lse = attention_reference(hq, hk, hv, causal=causal, scale=scale, rows=rows)
+    ref_p, _ = attention_reference(hq, hk, hv, causal=causal, scale=scale, rows=rows, precision=dtype)
+    if rows is not None:
+        got, lse_host = got[:, rows], lse.get()[:, :, rows]
+    else:
+        lse_host = lse.get()
+    assert not np.isnan(got).any(), "output has NaN (unwritten or leaked from padding)"
+    cmp = testing.compare(got, ref, ref_p, dtype)
+    assert cmp.ok, str(cmp)
+    np.testing.assert_allclose(lse_host, ref_lse, rtol=2e-5, atol=2e-5)
+    return cmp
+
+
+@st.composite
+def problems(draw):
+    hkv = draw(st.integers(1, 3))
+    D = draw(st.sampled_from(HEAD_DIMS))
+    return dict(
+        B=draw(st.integers(1, 3)), Sq=draw(st.sampled_from(SEQLENS)), Sk=draw(st.sampled_from(SEQLENS)),
+        Hkv=hkv, Hq=hkv * draw(st.integers(1, 3)), D=D,
+        Dv=draw(st.sampled_from([D, D, D, 8, 72, 128])),
+        scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
+        layout=draw(st.sampled_from(["bshd", "bhsd"])), strided=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31)),
+    )
+
+
+@pytest.mark.parametrize("causal", [False, True, "top_left"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@SETTINGS
+@given(p=problems())
+def test_forward_matches_reference(dtype, causal, p):
+    run_and_check(dtype=dtype, causal=causal, **p)
+
+
+@pytest.mark.parametrize("smem_limit", [101376, 65536])
+@pytest.mark.parametrize("dtype", DTYPES)
+@SETTINGS
+@given(p=problems(), causal=st.sampled_from([False, True, "bottom_right", "top_left"]))
+def test_forward_with_smaller_shared_memory(dtype, smem_limit, p, causal):
+    run_and_check(dtype=dtype, causal=causal, smem_limit=smem_limit, **p)
+
+
+@pytest.mark.parametrize("D", [128, 256])
+def test_seed_case_float32_on_rtx6000ada_limit(D):
+    """Second seed thread: float32, causal, B=4, H=4, S=4096 within 101376 bytes."""
+    rows = np.sort(np.random.default_rng(D).choice(4096, 192, replace=False))
+    run_and_check(B=4, Sq=4096, Sk=4096, Hq=4, Hkv=4, D=D, Dv=D, dtype="float32", causal=True,
+                  smem_limit=101376, rows=rows, seed=D)
+
+
+def test_env_smem_limit_is_honoured(monkeypatch):
+    monkeypatch.setenv("CUPYATTN_SMEM_LIMIT", "65536")
+    run_and_check(B=1, Sq=65, Sk=130, Hq=2, Hkv=1, D=256, Dv=256, dtype="float32", causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_that_see_no_key_give_zero_and_minus_inf(dtype):
+    rng = np.random.default_rng(7)
+    q, k, v = (testing.to_device(testing.host_values((2, s, 2, 64), dtype, rng), dtype)
+               for s in (40, 9, 9))
+    out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)  # rows 0..30 see nothing
+    host = testing.to_host(out)
+    assert np.all(host[:, :31] == 0) and not np.isnan(host).any()
+    assert np.all(np.isneginf(lse.get()[:, :, :31])) and np.all(np.isfinite(lse.get()[:, :, 31:]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed_qkv_views_need_no_copy(dtype):
+    rng = np.random.default_rng(8)
+    B, S, H, D = 2, 77, 3, 40
+    qkv = testing.to_device(testing.host_values((B, S, 3, H, D), dtype, rng), dtype)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    assert q.data.ptr - qkv.data.ptr == 0 and not q.flags.c_contiguous
+    out = cupyattn.attention(q, k, v, causal=True)
+    hq, hk, hv = (testing.to_host(x) for x in (q, k, v))
+    ref, _ = attention_reference(hq, hk, hv, causal=True)
+    ref_p, _ = attention_reference(hq, hk, hv, causal=True, precision=dtype)
+    assert testing.compare(testing.to_host(out), ref, ref_p, dtype).ok
+
+
+def test_zero_sized_inputs_return_empty_results():
+    import cupy
+
+    for shape_q, shape_kv in [((0, 5, 2, 8), (0, 5, 2, 8)), ((1, 0, 2, 8), (1, 5, 2, 8)),
+                              ((1, 5, 0, 8), (1, 5, 0, 8))]:
+        q = cupy.ones(shape_q, cupy.float16)
+        kv = cupy.ones(shape_kv, cupy.float16)
+        out, lse = cupyattn.attention(q, kv, kv, return_lse=True)
+        assert out.shape == shape_q and lse.shape == (shape_q[0], shape_q[2], shape_q[1])
+    q = cupy.ones((1, 3, 2, 8), cupy.float32)
+    kv = cupy.ones((1, 0, 2, 8), cupy.float32)
+    out, lse = cupyattn.attention(q, kv, kv, return_lse=True)  # no keys: every row sees none
+    assert np.all(out.get() == 0) and np.all(np.isneginf(lse.get()))
+
+
+def _bad_inputs():
+    import cupy
+
+    f16 = lambda *s: cupy.ones(s, cupy.float16)
+    q, k, v = f16(2, 16, 4, 64), f16(2, 16, 2, 64), f16(2, 16, 2, 64)
+    return [
+        # (kwargs, exception, message fragment)
+        (dict(q=f16(2, 16, 64), k=k, v=v), ValueError, "q: expected 4 dimensions"),
+        (dict(q=q, k=k.astype(cupy.float32), v=v), TypeError, "k: expected dtype float16"),
+        (dict(q=q.astype(cupy.float64), k=k, v=v), TypeError, "q: expected dtype float16, bfloat16 or float32, got float64"),
+        (dict(q=q.astype(cupy.int32), k=k, v=v), TypeError, "got int32"),
+        (dict(q=q.get(), k=k, v=v), TypeError, "q: expected a cupy.ndarray in GPU memory, got a numpy.ndarray"),
+        (dict(q=q, k=f16(3, 16, 2, 64), v=v), ValueError, "expected batch 2"),
+        (dict(q=q, k=f16(2, 16, 2, 32), v=v), ValueError, "k: expected head_dim 64"),
+        (dict(q=q, k=f16(2, 16, 3, 64), v=f16(2, 16, 3, 64)), ValueError, "divides the 4 heads of q, got 3"),
+        (dict(q=q, k=f16(2, 17, 2, 64), v=v), ValueError, "same seqlen and heads"),
+        (dict(q=f16(2, 16, 4, 128)[..., ::2], k=k, v=v), ValueError, "q: expected a contiguous last dimension"),
+        (dict(q=f16(2, 16, 4, 0), k=f16(2, 16, 2, 0), v=v), ValueError, "q: expected head_dim 1..256, got 0"),
+        (dict(q=f16(2, 16, 4, 257), k=f16(2, 16, 2, 257), v=v), ValueError, "q: expected head_dim 1..256, got 257"),
+        (dict(q=q, k=k, v=f16(2, 16, 2, 300)), ValueError, "v: expected head_dim 1..256, got 300"),
+        (dict(q=q, k=k, v=v, causal="diagonal"), ValueError, "causal: expected False, True"),
+        (dict(q=q, k=k, v=v, scale=float("nan")), ValueError, "scale: expected a finite real number"),
+        (dict(q=q, k=k, v=v, layout="sbhd"), ValueError, "layout: expected 'bshd' or 'bhsd'"),
+        (dict(q=q, k=k, v=v, out="out_wrong_shape"), ValueError, "out: expected shape (2, 16, 4, 64)"),
+        (dict(q=q, k=k, v=v, out="out_wrong_dtype"), TypeError, "out: expected dtype float16"),
+        (dict(q=q, k=k, v=v, out="out_strided"), ValueError, "out: expected a contiguous last dimension"),
+        (dict(q=q, k=k, v=v, out="out_host"), TypeError, "out: expected a cupy.ndarray"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(20))
+def test_bad_input_raises_a_clear_error_and_leaves_out_untouched(case):
+    import cupy
+
+    kwargs, exc, fragment = _bad_inputs()[case]
+    sentinel = {
+        "out_wrong_shape": cupy.full((2, 16, 4, 32), 7, cupy.float16),
+        "out_wrong_dtype": cupy.full((2, 16, 4, 64), 7, cupy.float32),
+        "out_strided": cupy.full((2, 16, 4, 128), 7, cupy.float16)[..., ::2],
+        "out_host": np.full((2, 16, 4, 64), 7, np.float16),
+    }
+    out = kwargs.get("out")
+    if isinstance(out, str):
+        out = kwargs["out"] = sentinel[out]
+    else:
+        out = kwargs["out"] = cupy.full((2, 16, 4, 64), 7, cupy.float16)
+    before = cupy.asnumpy(out).copy()
+    q, k, v = kwargs.pop("q"), kwargs.pop("k"), kwargs.pop("v")
+    with pytest.raises(exc) as info:
+        cupyattn.attention(q, k, v, **kwargs)
+    assert fragment in str(info.value)
+    np.testing.assert_array_equal(cupy.asnumpy(out), before)
+
+
+def test_compiled_kernel_opts_in_to_exactly_the_planned_bytes():
+    from cupyattn.compile import get_kernel
+    from cupyattn.device import current_device
+    from cupyattn.plan import AttentionProblem, plan_forward
+
+    spec = current_device()
+    plan = plan_forward(AttentionProblem("float32", 128, 128, True, 4, 16, 16, 4096, 4096), spec)
+    assert plan.smem_bytes > spec.smem_per_block  # past the 48 KiB default
+    kernel = get_kernel(plan.config, spec)
+    assert kernel.max_dynamic_shared_size_bytes == plan.smem_bytes

@@ -1,0 +1,122 @@
+"""Planning on named devices: every head dim x dtype x causal fits, layouts add up."""
+
+import pytest
+
+from cupyattn.device import NAMED_DEVICES, named_device, smem_limit_from_env
+from cupyattn.layout import align
+from cupyattn.plan import AttentionProblem, FwdSimtConfig, PlanError, blocks_per_sm, plan_forward
+
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+def test_named_devices_have_the_documented_limits():
+    expect = {"v100": ((7, 0), 98304), "t4": ((7, 5), 65536), "a100": ((8, 0), 166912),
+              "rtx3090": ((8, 6), 101376), "rtx4090": ((8, 9), 101376), "l4": ((8, 9), 101376),
+              "rtx6000ada": ((8, 9), 101376), "h100": ((9, 0), 232448), "h200": ((9, 0), 232448),
+              "b200": ((10, 0), 232448), "rtx5090": ((12, 0), 101376)}
+    for name, (cc, optin) in expect.items():
+        spec = named_device(name)
+        assert spec.compute_capability == cc and spec.smem_per_block_optin == optin, name
+        assert spec.smem_per_block == 49152
+        assert spec.smem_per_sm >= spec.smem_per_block_optin
+    assert named_device("sm_89") is NAMED_DEVICES["rtx6000ada"]
+    assert named_device("RTX-6000-Ada") is NAMED_DEVICES["rtx6000ada"]
+    with pytest.raises(ValueError, match="unknown device name 'gtx480'"):
+        named_device("gtx480")
+
+
+@pytest.mark.parametrize("device", sorted(NAMED_DEVICES))
+def test_every_head_dim_dtype_and_causal_has_a_fitting_forward_plan(device):
+    spec = named_device(device)
+    for dtype in DTYPES:
+        for d in range(1, 257):
+            for causal in (False, True):
+                plan = plan_forward(AttentionProblem(dtype, d, d, causal), spec)
+                assert plan.smem_bytes <= spec.smem_per_block_optin
+                assert plan.config.head_dim_pad >= d and plan.config.head_dim_pad % 8 == 0
+                assert plan.blocks_per_sm_by_smem >= 1
+
+
+@pytest.mark.parametrize("limit", [101376, 65536, 49152])
+def test_smem_limit_plans_as_if_the_device_were_smaller(limit):
+    spec = named_device("h200").with_smem_limit(limit)
+    assert spec.smem_per_block_optin == limit
+    for dtype in DTYPES:
+        for d in (64, 128, 200, 256):
+            plan = plan_forward(AttentionProblem(dtype, d, d, True), spec)
+            assert plan.smem_bytes <= limit
+
+
+def test_float32_head_dim_128_on_rtx6000ada_opts_in_past_48k():
+    # The second seed thread: 48 KiB tiles were all that NNop could use on this GPU.
+    plan = plan_forward(AttentionProblem("float32", 128, 128, True, 4, 4, 4, 4096, 4096),
+                        named_device("rtx6000ada"))
+    assert 49152 < plan.smem_bytes <= 101376
+    assert (plan.config.block_m, plan.config.block_n) == (64, 64)
+    # Sized for the 48 KiB default instead, the tiles would have to shrink.
+    small = plan_forward(plan.problem, named_device("rtx6000ada").with_smem_limit(49152))
+    assert small.smem_bytes <= 49152 and small.rejected
+
+
+def test_layout_buffers_are_ordered_aligned_and_sum_to_total():
+    cfg = FwdSimtConfig("float16", 40, 24, 32, 64, 4, True)
+    lay = cfg.layout
+    assert [b.name for b in lay] == ["q_tile", "k_tile", "v_tile"]
+    assert lay["q_tile"].bytes == 32 * 40 * 2
+    assert lay["k_tile"].shape == (64, 42)  # one 4-byte word (2 halves) of padding per row
+    assert lay["v_tile"].bytes == 64 * 24 * 2
+    end = 0
+    for buf in lay:
+        assert buf.offset == align(end) and buf.offset % 16 == 0
+        end = buf.end
+    assert lay.total == end
+    assert "k_tile" in lay.table() and str(lay.total) in lay.table()
+
+
+def test_name_expression_is_the_template_instantiation():
+    cfg = FwdSimtConfig("bfloat16", 128, 64, 64, 32, 8, False)
+    assert cfg.name_expression == "cupyattn::attn_fwd_simt<__nv_bfloat16, 128, 64, 64, 32, 8, false>"
+
+
+def test_no_fit_error_lists_every_candidate_and_the_limit():
+    spec = named_device("t4").with_smem_limit(4096)
+    with pytest.raises(PlanError) as info:
+        plan_forward(AttentionProblem("float32", 256, 256, False), spec)
+    msg = str(info.value)
+    assert "4096" in msg and "float32 head_dim=256" in msg
+    assert msg.count("cupyattn::attn_fwd_simt<") >= 4
+    for line in msg.splitlines()[1:]:
+        assert line.strip().endswith("bytes")
+
+
+def test_short_queries_get_short_tiles_and_small_grids_more_blocks():
+    spec = named_device("h100")
+    decode = plan_forward(AttentionProblem("float16", 128, 128, False, 1, 8, 1, 1, 4096), spec)
+    assert decode.config.block_m == 8
+    big = plan_forward(AttentionProblem("float16", 128, 128, False, 8, 16, 16, 8192, 8192), spec)
+    assert big.config.block_m == 64
+    small = plan_forward(AttentionProblem("float16", 64, 64, False, 1, 2, 2, 512, 512), spec)
+    assert small.config.block_m < 64  # 1 x 2 x 8 tiles of 64 rows would leave most SMs idle
+
+
+def test_blocks_per_sm_counts_reserved_shared_memory():
+    spec = named_device("a100")
+    assert blocks_per_sm(82944, 128, spec) == 2  # 2 x (82944 + 1024) = 167936
+    assert blocks_per_sm(82945, 128, spec) == 1
+
+
+def test_smem_limit_env_parsing(monkeypatch):
+    monkeypatch.setenv("CUPYATTN_SMEM_LIMIT", "99K")
+    assert smem_limit_from_env() == 101376
+    monkeypatch.setenv("CUPYATTN_SMEM_LIMIT", "65536")
+    assert smem_limit_from_env() == 65536
+    monkeypatch.setenv("CUPYATTN_SMEM_LIMIT", "lots")
+    with pytest.raises(ValueError, match="CUPYATTN_SMEM_LIMIT"):
+        smem_limit_from_env()
+
+
+def test_problem_validation():
+    with pytest.raises(ValueError, match="head_dim: expected 1..256, got 257"):
+        AttentionProblem("float16", 257, 257, False)
+    with pytest.raises(ValueError, match="dtype"):
+        AttentionProblem("float64", 64, 64, False)
