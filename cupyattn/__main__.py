@@ -83,7 +83,7 @@ def cmd_check(args) -> int:
         rows = np.sort(rng.choice(Sq, size=min(Sq, CHECK_ROWS), replace=False))
         ref, ref_lse = attention_reference(hq, hk, hv, causal=causal, rows=rows)
         ref_p, _ = attention_reference(hq, hk, hv, causal=causal, rows=rows, precision=dtype)
-        cmp = testing.compare(testing.to_host(out)[:, rows], ref, ref_p, dtype)
+        cmp = testing.compare(testing.to_host(out)[:, rows], ref, ref_p, dtype, Sk)
         lse_ok = np.allclose(cupy.asnumpy(lse)[:, :, rows], ref_lse, rtol=1e-4, atol=1e-4)
         ms = _time_call(lambda: api.attention(q, k, v, causal=causal, out=out, smem_limit=args.smem_limit))
         ok = cmp.ok and lse_ok

@@ -46,7 +46,7 @@ def _to_bshd(x, layout):
 
 
 def _check_last_dim_contiguous(name: str, x):
-    if x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
+    if x.size > 0 and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
         raise ValueError(f"{name}: expected a contiguous last dimension (stride {x.itemsize} bytes), "
                          f"got stride {x.strides[-1]} bytes; pass {name}.copy() or a view with "
                          "contiguous rows")

@@ -107,10 +107,14 @@ def attention_reference(q, k, v, causal=False, scale=None, layout="bshd", precis
 
 
 def tolerance(ref_same_precision_error: float, dtype: str, magnitude: float = 1.0,
-              factor: float = 2.0) -> float:
+              seqlen_k: int = 1, factor: float = 2.0) -> float:
     """FlashAttention's rule: ``factor`` x the same-precision reference's error plus a floor.
 
-    The floor (a few units of rounding of the output's magnitude) keeps cases
-    where the same-precision reference happens to be exact (Sk = 1) meaningful.
+    The floor keeps cases where the same-precision reference happens to be exact
+    (Sk = 1) meaningful: a few units of rounding of the output in ``dtype``, plus
+    float32 accumulation over Sk keys in another order than the reference's
+    (which grows like sqrt(Sk) units of float32 rounding).
     """
-    return factor * ref_same_precision_error + 4 * unit_roundoff(dtype) * max(1.0, magnitude)
+    scale = max(1.0, magnitude)
+    accumulation = 4 * unit_roundoff("float32") * np.sqrt(max(1, seqlen_k)) * scale
+    return factor * ref_same_precision_error + 4 * unit_roundoff(dtype) * scale + accumulation

@@ -72,7 +72,7 @@ class Comparison:
 
 
 def compare(out: np.ndarray, ref64: np.ndarray, ref_same: np.ndarray, dtype: str,
-            factor: float = 2.0) -> Comparison:
+            seqlen_k: int = 1, factor: float = 2.0) -> Comparison:
     """FlashAttention's rule: |out - ref64| <= factor * |ref_same - ref64| + floor (max norms)."""
     out = np.asarray(out, dtype=np.float64)
     if out.size == 0:
@@ -80,4 +80,4 @@ def compare(out: np.ndarray, ref64: np.ndarray, ref_same: np.ndarray, dtype: str
     err = float(np.max(np.abs(out - ref64))) if np.all(np.isfinite(out)) else float("nan")
     ref_err = float(np.max(np.abs(np.asarray(ref_same, np.float64) - ref64)))
     magnitude = float(np.max(np.abs(ref64)))
-    return Comparison(err, ref_err, tolerance(ref_err, dtype, magnitude, factor))
+    return Comparison(err, ref_err, tolerance(ref_err, dtype, magnitude, seqlen_k, factor))

@@ -97,3 +97,19 @@ def test_same_precision_reference_error_is_at_the_dtype_level():
 def test_causal_argument_is_validated():
     with pytest.raises(ValueError, match="causal"):
         causal_offset("diagonal", 3, 3)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_tolerance_rejects_a_slightly_wrong_kernel(dtype):
+    """The rule must fail an output computed with a 2% wrong scale or one dropped key."""
+    from cupyattn.testing import compare
+
+    rng = np.random.default_rng(6)
+    q, k, v = (round_to(rng.standard_normal((2, 128, 2, 64)), dtype) for _ in range(3))
+    ref, _ = attention_reference(q, k, v, causal=True)
+    ref_p, _ = attention_reference(q, k, v, causal=True, precision=dtype)
+    assert compare(ref_p, ref, ref_p, dtype, 128).ok
+    wrong_scale, _ = attention_reference(q, k, v, causal=True, scale=0.98 / 8, precision=dtype)
+    assert not compare(wrong_scale, ref, ref_p, dtype, 128).ok
+    dropped, _ = attention_reference(q, k[:, 1:], v[:, 1:], causal=True, precision=dtype)
+    assert not compare(dropped[:, 1:], ref[:, 1:], ref_p[:, 1:], dtype, 128).ok
