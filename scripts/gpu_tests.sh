@@ -6,4 +6,4 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 CUPY_CACHE_DIR="$PWD/.cupy_cache"
 OUT=${OUT:-/tmp/cupyattn-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 python3 -m cupyattn check 2>&1 | tee "$OUT/check.log"
-python3 -m pytest -n 16 -q -m gpu -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log" | tail -40
+python3 -m pytest -n 16 -q -m gpu -p no:cacheprovider -p no:benchmark "$@" 2>&1 | tee "$OUT/pytest.log" | tail -40

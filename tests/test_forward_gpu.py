@@ -20,7 +20,7 @@ DTYPES = ["float16", "bfloat16", "float32"]
 HEAD_DIMS = [1, 3, 8, 31, 33, 64, 80, 96, 128, 160, 200, 256]
 # Tile sizes are 8..64: 1, tile - 1, tile, tile + 1 for several of them.
 SEQLENS = [1, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 200]
-SETTINGS = settings(max_examples=12, deadline=None, derandomize=False,
+SETTINGS = settings(max_examples=25, deadline=None, derandomize=False,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
