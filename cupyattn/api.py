@@ -1,7 +1,8 @@
-"""The public entry point: validate, plan, compile (cached), launch."""
+"""The public entry points: validate, plan, compile (cached), launch."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -10,7 +11,7 @@ import numpy as np
 
 from .compile import get_kernel
 from .device import current_device, smem_limit_from_env
-from .plan import CXX_TYPES, MAX_HEAD_DIM, AttentionProblem, plan_forward
+from .plan import CXX_TYPES, MAX_HEAD_DIM, AttentionProblem, plan_backward, plan_forward
 from .reference import causal_offset as _causal_offset
 
 LAYOUTS = ("bshd", "bhsd")
@@ -74,29 +75,51 @@ def _parse_scale(scale, head_dim: int) -> float:
     return float(scale)
 
 
-def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
-              layout="bshd", smem_limit=None):
-    """Exact attention ``softmax(scale * Q K^T) V`` with FlashAttention's tiled algorithm.
+LOG2E = 1.4426950408889634
 
-    Args:
-        q: (B, Sq, Hq, D) CuPy array, float16, bfloat16 or float32; any strides
-           with a contiguous last dimension (views of packed QKV work without copies).
-        k: (B, Sk, Hkv, D), same dtype and device; Hq must be divisible by Hkv (GQA/MQA).
-        v: (B, Sk, Hkv, Dv). Head dims 1..256.
-        causal: False; True or "bottom_right" (query i sees key j iff j <= i + Sk - Sq,
-           FlashAttention's convention); "top_left" (j <= i, PyTorch SDPA's is_causal).
-        scale: softmax scale, default 1 / sqrt(D).
-        return_lse: also return the log-sum-exp, (B, Hq, Sq) float32, natural log.
-        out: optional output array, (B, Sq, Hq, Dv) in ``layout``, q's dtype, last
-           dimension contiguous. Left untouched if validation fails.
-        layout: "bshd" (default) or "bhsd" for (B, H, S, D) arrays; out follows it.
-        smem_limit: plan as if a block could use at most this many bytes of shared
-           memory (``CUPYATTN_SMEM_LIMIT`` in the environment does the same).
 
-    A query row that sees no key gets out = 0 and lse = -inf.
-    """
-    import cupy
+@dataclasses.dataclass
+class _Call:
+    """Validated q, k, v as (B, S, H, D) views, with the problem they pose."""
 
+    qs: object
+    ks: object
+    vs: object
+    layout: str
+    dtype: str
+    device_id: int
+    B: int
+    Sq: int
+    Sk: int
+    Hq: int
+    Hkv: int
+    D: int
+    Dv: int
+    causal_offset: int | None
+    scale: float
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """Shape of out / dout / dq-like arrays in the caller's layout (head dim Dv)."""
+        if self.layout == "bhsd":
+            return (self.B, self.Hq, self.Sq, self.Dv)
+        return (self.B, self.Sq, self.Hq, self.Dv)
+
+    def shape_like(self, which: str) -> tuple[int, ...]:
+        """Caller-layout shape of an array shaped like q, k or v."""
+        B, S, H, D = {"q": (self.B, self.Sq, self.Hq, self.D), "k": (self.B, self.Sk, self.Hkv, self.D),
+                      "v": (self.B, self.Sk, self.Hkv, self.Dv)}[which]
+        return (B, H, S, D) if self.layout == "bhsd" else (B, S, H, D)
+
+    def problem(self) -> AttentionProblem:
+        return AttentionProblem(self.dtype, self.D, self.Dv, self.causal_offset is not None,
+                                self.B, self.Hq, self.Hkv, self.Sq, self.Sk)
+
+    def bshd(self, x):
+        return _to_bshd(x, self.layout)
+
+
+def _validate(q, k, v, causal, scale, layout) -> _Call:
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected 'bshd' or 'bhsd', got {layout!r}")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -125,49 +148,172 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
         raise ValueError(f"k, v: expected a number of heads that divides the {Hq} heads of q, got {Hkv}")
     for name, x in (("q", qs), ("k", ks), ("v", vs)):
         _check_last_dim_contiguous(name, x)
-    offset = _causal_offset(causal, Sq, Sk)
-    scale = _parse_scale(scale, D)
+    return _Call(qs, ks, vs, layout, dtype, q.device.id, B, Sq, Sk, Hq, Hkv, D, Dv,
+                 _causal_offset(causal, Sq, Sk), _parse_scale(scale, D))
 
-    out_shape = (B, Hq, Sq, Dv) if layout == "bhsd" else (B, Sq, Hq, Dv)
-    if out is None:
-        out = cupy.empty(out_shape, dtype=q.dtype)
-    else:
-        if not isinstance(out, cupy.ndarray):
-            raise TypeError(f"out: expected a cupy.ndarray, got {type(out).__module__}.{type(out).__name__}")
-        if tuple(out.shape) != out_shape:
-            raise ValueError(f"out: expected shape {out_shape}, got {tuple(out.shape)}")
-        if _dtype_name(out) != dtype:
-            raise TypeError(f"out: expected dtype {dtype} (the dtype of q), got {_dtype_name(out)}")
-        if out.device.id != q.device.id:
-            raise ValueError(f"out: expected an array on device {q.device.id}, got device {out.device.id}")
-        _check_last_dim_contiguous("out", out)
-    lse = cupy.empty((B, Hq, Sq), dtype=cupy.float32)
+
+def _check_like(name: str, x, shape, dtype: str, device_id: int):
+    """A caller's array (out=, dout, dq=, ...): CuPy, shape, dtype, device, contiguous rows."""
+    import cupy
+
+    if isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a cupy.ndarray in GPU memory, got a numpy.ndarray (host memory)")
+    if not isinstance(x, cupy.ndarray):
+        raise TypeError(f"{name}: expected a cupy.ndarray, got {type(x).__module__}.{type(x).__name__}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
+    if _dtype_name(x) != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {_dtype_name(x)}")
+    if x.device.id != device_id:
+        raise ValueError(f"{name}: expected an array on device {device_id} (the device of q), "
+                         f"got device {x.device.id}")
+    _check_last_dim_contiguous(name, x)
+
+
+def _output(name: str, given, shape, call: _Call):
+    """A caller's output array after checking it, or a new one of q's dtype."""
+    import cupy
+
+    if given is None:
+        return cupy.empty(shape, dtype=call.qs.dtype)
+    _check_like(name, given, shape, call.dtype, call.device_id)
+    return given
+
+
+def _device_for(call: _Call, smem_limit):
+    limit = smem_limit if smem_limit is not None else smem_limit_from_env()
+    return _device_spec(call.device_id).with_smem_limit(limit)
+
+
+def _launch(config, spec, blocks: int, what: str, args, smem: int = 0):
+    if blocks >= 2**31:
+        raise ValueError(f"{what}: {blocks} blocks exceed the grid limit of 2**31 - 1")
+    get_kernel(config, spec)((blocks,), (config.threads,), args, shared_mem=smem)
+
+
+def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
+              layout="bshd", smem_limit=None):
+    """Exact attention ``softmax(scale * Q K^T) V`` with FlashAttention's tiled algorithm.
+
+    Args:
+        q: (B, Sq, Hq, D) CuPy array, float16, bfloat16 or float32; any strides
+           with a contiguous last dimension (views of packed QKV work without copies).
+        k: (B, Sk, Hkv, D), same dtype and device; Hq must be divisible by Hkv (GQA/MQA).
+        v: (B, Sk, Hkv, Dv). Head dims 1..256.
+        causal: False; True or "bottom_right" (query i sees key j iff j <= i + Sk - Sq,
+           FlashAttention's convention); "top_left" (j <= i, PyTorch SDPA's is_causal).
+        scale: softmax scale, default 1 / sqrt(D).
+        return_lse: also return the log-sum-exp, (B, Hq, Sq) float32, natural log.
+        out: optional output array, (B, Sq, Hq, Dv) in ``layout``, q's dtype, last
+           dimension contiguous. Left untouched if validation fails.
+        layout: "bshd" (default) or "bhsd" for (B, H, S, D) arrays; out follows it.
+        smem_limit: plan as if a block could use at most this many bytes of shared
+           memory (``CUPYATTN_SMEM_LIMIT`` in the environment does the same).
+
+    A query row that sees no key gets out = 0 and lse = -inf.
+    """
+    import cupy
+
+    call = _validate(q, k, v, causal, scale, layout)
+    out = _output("out", out, call.out_shape, call)
+    lse = cupy.empty((call.B, call.Hq, call.Sq), dtype=cupy.float32)
     result = (out, lse) if return_lse else out
     if out.size == 0:
         return result
-    if Sk == 0:  # no keys at all: every row sees none
+    if call.Sk == 0:  # no keys at all: every row sees none
         _zero_fill(out)
         lse.fill(-np.inf)
         return result
 
-    with cupy.cuda.Device(q.device.id):
-        spec = _device_spec(q.device.id)
-        limit = smem_limit if smem_limit is not None else smem_limit_from_env()
-        spec = spec.with_smem_limit(limit)
-        problem = AttentionProblem(dtype, D, Dv, offset is not None, B, Hq, Hkv, Sq, Sk)
-        plan = plan_forward(problem, spec)
+    with cupy.cuda.Device(call.device_id):
+        spec = _device_for(call, smem_limit)
+        plan = plan_forward(call.problem(), spec)
         cfg = plan.config
-        kernel = get_kernel(cfg, spec)
-        os_ = _to_bshd(out, layout)
-        num_m_tiles = -(-Sq // cfg.block_m)
-        grid = (num_m_tiles * B * Hq,)
-        if grid[0] >= 2**31:
-            raise ValueError(f"q: {B} x {Hq} heads x {num_m_tiles} query tiles exceed the grid limit")
-        log2e = 1.4426950408889634
-        kernel(grid, (cfg.threads,), (
-            _ptr(qs), _ptr(ks), _ptr(vs), _ptr(os_), _ptr(lse),
-            *_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs), *_elem_strides(os_),
-            np.int32(Hq), np.int32(Hkv), np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(Dv),
-            np.int32(num_m_tiles), np.float32(scale * log2e), np.int32(offset or 0),
-        ), shared_mem=plan.smem_bytes)
+        os_ = call.bshd(out)
+        num_m_tiles = -(-call.Sq // cfg.block_m)
+        _launch(cfg, spec, num_m_tiles * call.B * call.Hq, "q", (
+            _ptr(call.qs), _ptr(call.ks), _ptr(call.vs), _ptr(os_), _ptr(lse),
+            *_elem_strides(call.qs), *_elem_strides(call.ks), *_elem_strides(call.vs),
+            *_elem_strides(os_),
+            np.int32(call.Hq), np.int32(call.Hkv), np.int32(call.Sq), np.int32(call.Sk),
+            np.int32(call.D), np.int32(call.Dv), np.int32(num_m_tiles),
+            np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0),
+        ), plan.smem_bytes)
     return result
+
+
+def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, layout="bshd",
+                       deterministic=True, dq=None, dk=None, dv=None, smem_limit=None):
+    """Gradients (dq, dk, dv) of ``attention`` given dout = dLoss/dout.
+
+    Args:
+        dout, out: (B, Sq, Hq, Dv) in ``layout``, q's dtype and device; out and
+           lse as returned by ``attention(..., return_lse=True)`` with the same
+           q, k, v, causal and scale.
+        lse: (B, Hq, Sq) float32, C-contiguous.
+        q, k, v, causal, scale, layout, smem_limit: as for ``attention``.
+        dq, dk, dv: optional output arrays shaped like q, k, v (q's dtype, last
+           dimension contiguous); left untouched if validation fails. With GQA,
+           dk and dv are summed over the query heads of each group.
+        deterministic: results are bitwise identical run to run. This is the
+           default and currently the only algorithm: dQ comes from its own pass
+           (S and dP recomputed) instead of float32 atomics, and the GQA sum over
+           query heads happens inside one block, so no result depends on the
+           order in which blocks finish. ``False`` is accepted and gives the same.
+
+    Algorithm (FlashAttention-2): delta = rowsum(dout * out); a dK/dV pass that
+    keeps a key tile and loops over query heads and tiles; a dQ pass that keeps
+    a query tile and loops over key tiles. Each pass is planned on its own for
+    the device's shared memory. Extra device memory beyond dq, dk, dv: delta,
+    4 * B * Hq * Sq bytes; nothing of size Sq x Sk.
+    """
+    import cupy
+
+    call = _validate(q, k, v, causal, scale, layout)
+    _check_like("dout", dout, call.out_shape, call.dtype, call.device_id)
+    _check_like("out", out, call.out_shape, call.dtype, call.device_id)
+    _check_like("lse", lse, (call.B, call.Hq, call.Sq), "float32", call.device_id)
+    if call.Sq and call.Hq and call.B and not lse.flags.c_contiguous:
+        raise ValueError("lse: expected a C-contiguous array, as attention() returns it")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
+    dq = _output("dq", dq, call.shape_like("q"), call)
+    dk = _output("dk", dk, call.shape_like("k"), call)
+    dv = _output("dv", dv, call.shape_like("v"), call)
+    if call.Sq == 0 or call.Sk == 0 or call.B == 0 or call.Hq == 0:
+        for g in (dq, dk, dv):  # no query sees any key: every gradient is zero
+            if g.size:
+                _zero_fill(g)
+        return dq, dk, dv
+
+    with cupy.cuda.Device(call.device_id):
+        spec = _device_for(call, smem_limit)
+        bplan = plan_backward(call.problem(), spec)
+        dos, os_ = call.bshd(dout), call.bshd(out)
+        dqs, dks, dvs = call.bshd(dq), call.bshd(dk), call.bshd(dv)
+        rows = call.B * call.Hq * call.Sq
+        delta = cupy.empty((call.B, call.Hq, call.Sq), dtype=cupy.float32)
+        warps = bplan.delta.num_warps
+        _launch(bplan.delta, spec, -(-rows // warps), "dout", (
+            _ptr(dos), _ptr(os_), _ptr(delta), *_elem_strides(dos), *_elem_strides(os_),
+            np.int32(call.Hq), np.int32(call.Sq), np.int32(call.Dv), np.int64(rows)))
+
+        common = (*_elem_strides(call.qs), *_elem_strides(call.ks), *_elem_strides(call.vs),
+                  *_elem_strides(dos))
+        sizes = (np.int32(call.Hq), np.int32(call.Hkv), np.int32(call.Sq), np.int32(call.Sk),
+                 np.int32(call.D), np.int32(call.Dv))
+        tail = (np.float32(call.scale), np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0))
+        inputs = (_ptr(call.qs), _ptr(call.ks), _ptr(call.vs), _ptr(dos), _ptr(lse), _ptr(delta))
+
+        cfg = bplan.dkdv.config
+        num_n_tiles = -(-call.Sk // cfg.block_n)
+        _launch(cfg, spec, num_n_tiles * call.B * call.Hkv, "k", (
+            *inputs, _ptr(dks), _ptr(dvs), *common, *_elem_strides(dks), *_elem_strides(dvs),
+            *sizes, np.int32(num_n_tiles), *tail), bplan.dkdv.smem_bytes)
+
+        cfg = bplan.dq.config
+        num_m_tiles = -(-call.Sq // cfg.block_m)
+        _launch(cfg, spec, num_m_tiles * call.B * call.Hq, "q", (
+            *inputs, _ptr(dqs), *common, *_elem_strides(dqs),
+            *sizes, np.int32(num_m_tiles), *tail), bplan.dq.smem_bytes)
+    return dq, dk, dv

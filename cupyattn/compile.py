@@ -53,6 +53,12 @@ class CompileError(RuntimeError):
     pass
 
 
+def _name_expressions(config) -> list[str]:
+    """The kernel, and the layout check that must compile beside it (if it has a layout)."""
+    check = check_expression(config)
+    return [config.name_expression] + ([check] if check else [])
+
+
 _cache: dict = {}
 _lock = threading.Lock()
 
@@ -74,7 +80,7 @@ def get_kernel(config, device):
             try:
                 module = cupy.RawModule(
                     code=kernel_source(config), options=options,
-                    name_expressions=[config.name_expression, check_expression(config)])
+                    name_expressions=_name_expressions(config))
                 kernel = module.get_function(config.name_expression)
             except cupy.cuda.compiler.CompileException as exc:
                 raise CompileError(f"compiling {config.name_expression} failed:\n{exc}") from exc
@@ -149,8 +155,8 @@ def compile_only(config, arch: str) -> CompileReport:
     options += [f"-I{d}" for d in cuda_include_dirs()]
     prog = nvrtc.createProgram(kernel_source(config), "cupyattn.cu", [], [])
     try:
-        nvrtc.addNameExpression(prog, expr)
-        nvrtc.addNameExpression(prog, check_expression(config))
+        for name in _name_expressions(config):
+            nvrtc.addNameExpression(prog, name)
         try:
             nvrtc.compileProgram(prog, options)
         except nvrtc.NVRTCError as exc:

@@ -48,24 +48,29 @@ class AttentionProblem:
 
 
 @dataclasses.dataclass(frozen=True)
-class FwdSimtConfig:
-    """``attn_fwd_simt``: forward on CUDA cores, float32 accumulation (kernels/attn_fwd_simt.cuh)."""
+class SimtConfig:
+    """Fields shared by the SIMT kernels' template parameters, in template order."""
 
-    KERNEL: ClassVar[str] = "cupyattn::attn_fwd_simt"
-    LAYOUT: ClassVar[str] = "cupyattn::FwdSimtLayout"
-    HEADER: ClassVar[str] = "attn_fwd_simt.cuh"
+    KERNEL: ClassVar[str]
+    LAYOUT: ClassVar[str]
+    HEADER: ClassVar[str]
 
     dtype: str
     head_dim_pad: int
     head_dim_v_pad: int
-    block_m: int
-    block_n: int
+    block_m: int  # query rows per tile
+    block_n: int  # keys per tile
     num_warps: int
     causal: bool
 
     @property
     def threads(self) -> int:
         return self.num_warps * 32
+
+    @property
+    def vec(self) -> int:
+        """Elements per 4-byte word, the unit of shared-memory row padding."""
+        return 4 // DTYPE_BYTES[self.dtype]
 
     @property
     def _cxx_type(self) -> str:
@@ -82,20 +87,112 @@ class FwdSimtConfig:
         return (f"{self.LAYOUT}<{self._cxx_type}, {self.head_dim_pad}, {self.head_dim_v_pad}, "
                 f"{self.block_m}, {self.block_n}>")
 
+    def _words_per_lane(self, dim_pad: int) -> int:
+        return -(-(dim_pad // self.vec) // 32)
+
+    @property
+    def accumulators_per_lane(self) -> int:
+        """float32 output accumulators each lane keeps in registers."""
+        raise NotImplementedError
+
+
+_PADDED = "+1 word per row: lanes read it by column without bank conflicts"
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdSimtConfig(SimtConfig):
+    """``attn_fwd_simt``: forward on CUDA cores, float32 accumulation (kernels/attn_fwd_simt.cuh)."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_fwd_simt"
+    LAYOUT: ClassVar[str] = "cupyattn::FwdSimtLayout"
+    HEADER: ClassVar[str] = "attn_fwd_simt.cuh"
+
     @property
     def layout(self) -> Layout:
-        vec = 4 // DTYPE_BYTES[self.dtype]  # elements per 4-byte word
         return (LayoutBuilder()
                 .add("q_tile", (self.block_m, self.head_dim_pad), self.dtype)
-                .add("k_tile", (self.block_n, self.head_dim_pad + vec), self.dtype,
-                     "+1 word per row: lanes read K by column without bank conflicts")
+                .add("k_tile", (self.block_n, self.head_dim_pad + self.vec), self.dtype, _PADDED)
                 .add("v_tile", (self.block_n, self.head_dim_v_pad), self.dtype)
                 .build())
 
+    @property
+    def accumulators_per_lane(self) -> int:  # O for block_m / num_warps rows
+        return self.block_m // self.num_warps * self._words_per_lane(self.head_dim_v_pad) * self.vec
 
-def check_expression(config) -> str:
+
+@dataclasses.dataclass(frozen=True)
+class BwdDkdvSimtConfig(SimtConfig):
+    """``attn_bwd_dkdv_simt``: dK and dV for a tile of keys (kernels/attn_bwd_simt.cuh)."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dkdv_simt"
+    LAYOUT: ClassVar[str] = "cupyattn::BwdDkdvSimtLayout"
+    HEADER: ClassVar[str] = "attn_bwd_simt.cuh"
+
+    @property
+    def layout(self) -> Layout:
+        return (LayoutBuilder()
+                .add("k_tile", (self.block_n, self.head_dim_pad), self.dtype)
+                .add("v_tile", (self.block_n, self.head_dim_v_pad), self.dtype)
+                .add("q_tile", (self.block_m, self.head_dim_pad + self.vec), self.dtype, _PADDED)
+                .add("do_tile", (self.block_m, self.head_dim_v_pad + self.vec), self.dtype, _PADDED)
+                .build())
+
+    @property
+    def accumulators_per_lane(self) -> int:  # dK and dV for block_n / num_warps keys
+        words = self._words_per_lane(self.head_dim_pad) + self._words_per_lane(self.head_dim_v_pad)
+        return self.block_n // self.num_warps * words * self.vec
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdDqSimtConfig(SimtConfig):
+    """``attn_bwd_dq_simt``: dQ for a tile of query rows (kernels/attn_bwd_simt.cuh)."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dq_simt"
+    LAYOUT: ClassVar[str] = "cupyattn::BwdDqSimtLayout"
+    HEADER: ClassVar[str] = "attn_bwd_simt.cuh"
+
+    @property
+    def layout(self) -> Layout:
+        return (LayoutBuilder()
+                .add("q_tile", (self.block_m, self.head_dim_pad), self.dtype)
+                .add("do_tile", (self.block_m, self.head_dim_v_pad), self.dtype)
+                .add("k_tile", (self.block_n, self.head_dim_pad + self.vec), self.dtype, _PADDED)
+                .add("v_tile", (self.block_n, self.head_dim_v_pad + self.vec), self.dtype, _PADDED)
+                .build())
+
+    @property
+    def accumulators_per_lane(self) -> int:  # dQ for block_m / num_warps rows
+        return self.block_m // self.num_warps * self._words_per_lane(self.head_dim_pad) * self.vec
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdDeltaConfig:
+    """``attn_bwd_delta``: delta = rowsum(dO * O), one warp per row, no shared memory."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_bwd_delta"
+    HEADER: ClassVar[str] = "attn_bwd_simt.cuh"
+
+    dtype: str
+    num_warps: int = 8
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32
+
+    @property
+    def name_expression(self) -> str:
+        return f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {self.num_warps}>"
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(())
+
+
+def check_expression(config) -> str | None:
     """The ``check_layout`` instantiation that pins the kernel's layout to the planner's."""
     lay = config.layout
+    if not lay.buffers:
+        return None
     offsets = ", ".join(str(b.offset) for b in lay)
     return f"cupyattn::check_layout<{config.layout_expression}, {lay.total}, {offsets}>"
 
@@ -113,7 +210,7 @@ class Rejected:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    config: FwdSimtConfig
+    config: SimtConfig
     device: DeviceSpec
     problem: AttentionProblem
     rejected: tuple[Rejected, ...]
@@ -158,13 +255,15 @@ def blocks_per_sm(smem_bytes: int, threads: int, device: DeviceSpec) -> int:
     return max(0, min(by_smem, by_threads, device.max_blocks_per_sm))
 
 
-# Forward SIMT candidates (block_m, block_n, num_warps), most preferred first.
-# Each K/V tile loaded into shared memory is reused by block_m query rows, so
-# larger block_m moves fewer bytes. Each warp keeps block_m / num_warps query
-# rows of O in registers; past 32 accumulators per lane (8 rows at head dim
-# 256) ptxas needs ~168 registers for sm_90, so those head dims take the 8-warp
-# 32-row tiles instead (and, with no minimum-blocks launch bound, it spilled). The smallest tiles exist so
-# that float32 at head dim 256 fits the 64 KiB of a T4 (8 x 8 tiles: 24.3 KiB).
+# SIMT candidates (block_m, block_n, num_warps), most preferred first.
+#
+# Forward and dQ: a block keeps block_m query rows and streams K/V tiles, so a
+# larger block_m reuses each tile loaded into shared memory for more rows. Each
+# warp keeps block_m / num_warps rows of its output in registers; past 32
+# accumulators per lane (8 rows at head dim 256) ptxas needs ~168 registers for
+# sm_90, so those head dims take the 8-warp 32-row tiles instead (and, with no
+# minimum-blocks launch bound, it spilled). The smallest tiles exist so that
+# float32 at head dim 256 fits the 64 KiB of a T4 (8 x 8 forward tiles: 24.3 KiB).
 FWD_SIMT_TILES = (
     (64, 64, 8),
     (64, 32, 8),
@@ -177,14 +276,68 @@ FWD_SIMT_TILES = (
     (8, 16, 2),
     (8, 8, 2),
 )
-MAX_O_ACCUMULATORS_PER_LANE = 32
+# dK/dV: a block keeps block_n keys (K, V and their dK, dV accumulators) and
+# streams Q/dO tiles of block_m rows; warps split the keys, so the accumulator
+# cap (dK + dV per key) leaves 4 keys per warp at head dim 128, 2 at 256.
+BWD_DKDV_SIMT_TILES = (
+    (64, 64, 16),
+    (64, 32, 8),
+    (32, 64, 16),
+    (32, 32, 8),
+    (32, 32, 16),
+    (32, 16, 8),
+    (16, 16, 4),
+    (16, 16, 8),
+    (16, 8, 4),
+    (8, 8, 4),
+    (8, 8, 2),
+)
+MAX_ACCUMULATORS_PER_LANE = 32
 
 
-def o_accumulators_per_lane(dtype: str, head_dim_v_pad: int, block_m: int, num_warps: int) -> int:
-    """Floats of O each lane of attn_fwd_simt keeps: rows x 4-byte words per lane x VEC."""
-    vec = 4 // DTYPE_BYTES[dtype]
-    words_per_lane = -(-(head_dim_v_pad // vec) // 32)
-    return block_m // num_warps * words_per_lane * vec
+def _next_pow2_at_least_8(n: int) -> int:
+    return max(8, 1 << (max(1, n) - 1).bit_length())
+
+
+def _choose(kind: str, configs, problem: AttentionProblem, device: DeviceSpec, num_blocks) -> Plan:
+    """Among ``configs`` (preference order) that fit the opt-in limit, the first that
+    fills every SM with at least one block, else the fitting one with the most blocks."""
+    limit = device.smem_per_block_optin
+    fitting, rejected = [], []
+    for cfg in configs:
+        smem = cfg.layout.total
+        if smem <= limit:
+            fitting.append(cfg)
+        else:
+            rejected.append(Rejected(cfg.name_expression, smem, limit))
+    if not fitting:
+        tried = "\n".join(f"  {r.name_expression}: {r.smem_bytes} bytes" for r in rejected)
+        raise PlanError(
+            f"no {kind} configuration fits {device.name}: limit {limit} bytes of shared memory "
+            f"per block for {problem.dtype} head_dim={problem.head_dim}; tried:\n{tried}")
+    for cfg in fitting:
+        if num_blocks(cfg) >= device.sm_count:
+            reason = ("the most preferred tile that fits the opt-in limit and fills "
+                      f"{device.sm_count} SMs ({num_blocks(cfg)} blocks)")
+            return Plan(cfg, device, problem, tuple(rejected), reason)
+    cfg = max(fitting, key=num_blocks)
+    reason = (f"no fitting tile fills {device.sm_count} SMs; this one gives the most blocks "
+              f"({num_blocks(cfg)})")
+    return Plan(cfg, device, problem, tuple(rejected), reason)
+
+
+def _candidates(cls, tiles, problem: AttentionProblem, max_block_m: int, max_block_n: int):
+    d_pad, dv_pad = pad_head_dim(problem.head_dim), pad_head_dim(problem.head_dim_v)
+    for block_m, block_n, warps in tiles:
+        if block_m > max_block_m or block_n > max_block_n:
+            continue
+        cfg = cls(problem.dtype, d_pad, dv_pad, block_m, block_n, warps, bool(problem.causal))
+        if cfg.accumulators_per_lane <= MAX_ACCUMULATORS_PER_LANE:
+            yield cfg
+
+
+def _query_tiles_blocks(problem: AttentionProblem):
+    return lambda cfg: problem.batch * problem.heads_q * -(-max(1, problem.seqlen_q) // cfg.block_m)
 
 
 def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
@@ -195,39 +348,41 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
     also gives at least one full wave of blocks; if none fills the GPU (small
     batch x heads x seqlen_q), take the fitting one with the most blocks. Query
     tiles never exceed the query length rounded up to a power of two (at least 8),
-    and tiles whose O accumulators would not fit in registers are not considered.
+    and tiles whose accumulators would not fit in registers are not considered.
     """
-    limit = device.smem_per_block_optin
-    d_pad, dv_pad = pad_head_dim(problem.head_dim), pad_head_dim(problem.head_dim_v)
-    max_block_m = max(8, 1 << (max(1, problem.seqlen_q) - 1).bit_length())
-    fitting, rejected = [], []
-    for block_m, block_n, warps in FWD_SIMT_TILES:
-        if block_m > max_block_m:
-            continue
-        if o_accumulators_per_lane(problem.dtype, dv_pad, block_m, warps) > MAX_O_ACCUMULATORS_PER_LANE:
-            continue
-        cfg = FwdSimtConfig(problem.dtype, d_pad, dv_pad, block_m, block_n, warps, bool(problem.causal))
-        smem = cfg.layout.total
-        if smem <= limit:
-            fitting.append(cfg)
-        else:
-            rejected.append(Rejected(cfg.name_expression, smem, limit))
-    if not fitting:
-        tried = "\n".join(f"  {r.name_expression}: {r.smem_bytes} bytes" for r in rejected)
-        raise PlanError(
-            f"no forward configuration fits {device.name}: limit {limit} bytes of shared memory "
-            f"per block for {problem.dtype} head_dim={problem.head_dim}; tried:\n{tried}")
+    configs = _candidates(FwdSimtConfig, FWD_SIMT_TILES, problem,
+                          _next_pow2_at_least_8(problem.seqlen_q), 64)
+    return _choose("forward", configs, problem, device, _query_tiles_blocks(problem))
 
-    def num_blocks(cfg):
-        m_tiles = -(-max(1, problem.seqlen_q) // cfg.block_m)
-        return problem.batch * problem.heads_q * m_tiles
 
-    for cfg in fitting:
-        if num_blocks(cfg) >= device.sm_count:
-            reason = ("the most preferred tile that fits the opt-in limit and fills "
-                      f"{device.sm_count} SMs ({num_blocks(cfg)} blocks)")
-            return Plan(cfg, device, problem, tuple(rejected), reason)
-    cfg = max(fitting, key=num_blocks)
-    reason = (f"no fitting tile fills {device.sm_count} SMs; this one gives the most blocks "
-              f"({num_blocks(cfg)})")
-    return Plan(cfg, device, problem, tuple(rejected), reason)
+@dataclasses.dataclass(frozen=True)
+class BackwardPlan:
+    """The backward's three launches, each planned on its own (never the forward's tiles)."""
+
+    delta: BwdDeltaConfig
+    dkdv: Plan
+    dq: Plan
+
+    @property
+    def plans(self) -> tuple[Plan, Plan]:
+        return (self.dkdv, self.dq)
+
+    def describe(self) -> str:
+        return "\n".join([f"{self.delta.name_expression} (no shared memory)",
+                          self.dkdv.describe(), self.dq.describe()])
+
+
+def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan:
+    """The backward configurations: the dK/dV pass tiles keys, the dQ pass query rows;
+    each is chosen as ``plan_forward`` chooses, from its own candidates."""
+    dkdv = _candidates(BwdDkdvSimtConfig, BWD_DKDV_SIMT_TILES, problem,
+                       64, _next_pow2_at_least_8(problem.seqlen_k))
+    dkdv_blocks = lambda cfg: (problem.batch * problem.heads_kv
+                               * -(-max(1, problem.seqlen_k) // cfg.block_n))
+    dq = _candidates(BwdDqSimtConfig, FWD_SIMT_TILES, problem,
+                     _next_pow2_at_least_8(problem.seqlen_q), 64)
+    return BackwardPlan(
+        delta=BwdDeltaConfig(problem.dtype),
+        dkdv=_choose("backward dK/dV", dkdv, problem, device, dkdv_blocks),
+        dq=_choose("backward dQ", dq, problem, device, _query_tiles_blocks(problem)),
+    )

@@ -20,7 +20,7 @@
 // Padding columns (d >= D) and rows past the sequence end are zero-filled.
 #pragma once
 
-#include "common.cuh"
+#include "simt_tiles.cuh"
 
 namespace cupyattn {
 
@@ -47,21 +47,14 @@ attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
               int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
               int head_dim, int head_dim_v, int num_m_tiles,
               float scale_log2, int causal_offset) {
-    using E = Elem<T>;
     using L = FwdSimtLayout<T, D_PAD, DV_PAD, BLOCK_M, BLOCK_N>;
-    using Word = typename E::Word;
-    constexpr int VEC = E::VEC;
     constexpr int THREADS = NUM_WARPS * 32;
     constexpr int ROWS = BLOCK_M / NUM_WARPS;
-    constexpr int KEY_LANES = BLOCK_N < 32 ? BLOCK_N : 32;
-    constexpr int D_SPLIT = 32 / KEY_LANES;
-    constexpr int KPL = BLOCK_N / KEY_LANES;           // keys per lane
-    constexpr int QW = D_PAD / VEC;                    // words per q/k row
-    constexpr int KSW = L::K_STRIDE / VEC;             // words per padded k row
-    constexpr int VW = DV_PAD / VEC;                   // words per v row
-    constexpr int OW = (VW + 31) / 32;                 // v words per lane
+    using Tile = WarpTile<T, ROWS, BLOCK_N>;
+    using Word = typename Tile::Word;
+    constexpr int VEC = Tile::VEC;
+    constexpr int CPL = Tile::CPL;
     static_assert(BLOCK_M % NUM_WARPS == 0, "BLOCK_M must split evenly over warps");
-    static_assert(32 % KEY_LANES == 0 && BLOCK_N % KEY_LANES == 0, "BLOCK_N must be a power of two");
     static_assert(D_PAD % 8 == 0 && DV_PAD % 8 == 0, "head dims are padded to multiples of 8");
 
     extern __shared__ __align__(16) unsigned char smem[];
@@ -69,12 +62,8 @@ attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
     T* k_tile = reinterpret_cast<T*>(smem + L::k_tile);
     T* v_tile = reinterpret_cast<T*>(smem + L::v_tile);
 
-    const int tid = threadIdx.x;
-    const int warp = tid / 32;
-    const int lane = tid % 32;
-    const int key_lane = lane % KEY_LANES;
-    const int d_group = lane / KEY_LANES;
-
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
     const long long block = blockIdx.x;
     const int m_tile = num_m_tiles - 1 - (int)(block % num_m_tiles);
     const long long bh = block / num_m_tiles;
@@ -83,17 +72,13 @@ attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
     const int h_kv = h / (n_heads_q / n_heads_kv);
     const int m0 = m_tile * BLOCK_M;
 
-    q += b * q_sb + h * q_sh;
+    q += b * q_sb + h * q_sh + m0 * q_ss;
     k += b * k_sb + h_kv * k_sh;
     v += b * v_sb + h_kv * v_sh;
-    out += b * o_sb + h * o_sh;
-    lse += (b * n_heads_q + h) * (long long)seqlen_q;
+    out += b * o_sb + h * o_sh + m0 * o_ss;
+    lse += (b * n_heads_q + h) * (long long)seqlen_q + m0;
 
-    // Q tile, zero-filled past the sequence end and the head dim.
-    for (int i = tid; i < BLOCK_M * D_PAD; i += THREADS) {
-        const int r = i / D_PAD, d = i % D_PAD;
-        q_tile[i] = (m0 + r < seqlen_q && d < head_dim) ? q[(m0 + r) * q_ss + d] : E::zero();
-    }
+    load_tile<T, BLOCK_M, D_PAD, D_PAD, THREADS>(q_tile, q, q_ss, seqlen_q - m0, head_dim);
 
     // Keys this block can see: all of them, or up to the causal boundary of its last row.
     int n_end = seqlen_k;
@@ -102,70 +87,39 @@ attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
         n_end = max(0, min(seqlen_k, last_row + causal_offset + 1));
     }
 
-    float m_run[ROWS], l_run[ROWS], o_acc[ROWS][OW][VEC];
+    float m_run[ROWS], l_run[ROWS];
+    typename Tile::template Out<DV_PAD / VEC> o_acc;
+    o_acc.zero();
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
         m_run[r] = CUPYATTN_NEG_INF;
         l_run[r] = 0.0f;
-#pragma unroll
-        for (int t = 0; t < OW; ++t)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) o_acc[r][t][e] = 0.0f;
     }
 
-    const Word* q_words = reinterpret_cast<const Word*>(q_tile) + warp * ROWS * QW;
-    const Word* k_words = reinterpret_cast<const Word*>(k_tile);
-    const Word* v_words = reinterpret_cast<const Word*>(v_tile);
-
+    const Word* q_words = reinterpret_cast<const Word*>(q_tile) + warp * ROWS * (D_PAD / VEC);
     for (int n0 = 0; n0 < n_end; n0 += BLOCK_N) {
         __syncthreads();  // every warp is done with the previous K/V tiles
-        for (int i = tid; i < BLOCK_N * D_PAD; i += THREADS) {
-            const int j = i / D_PAD, d = i % D_PAD;
-            k_tile[j * L::K_STRIDE + d] =
-                (n0 + j < seqlen_k && d < head_dim) ? k[(n0 + j) * k_ss + d] : E::zero();
-        }
-        for (int i = tid; i < BLOCK_N * DV_PAD; i += THREADS) {
-            const int j = i / DV_PAD, d = i % DV_PAD;
-            v_tile[i] = (n0 + j < seqlen_k && d < head_dim_v) ? v[(n0 + j) * v_ss + d] : E::zero();
-        }
+        load_tile<T, BLOCK_N, D_PAD, L::K_STRIDE, THREADS>(k_tile, k + n0 * k_ss, k_ss, seqlen_k - n0, head_dim);
+        load_tile<T, BLOCK_N, DV_PAD, DV_PAD, THREADS>(v_tile, v + n0 * v_ss, v_ss, seqlen_k - n0, head_dim_v);
         __syncthreads();
 
-        // S = Q K^T for this warp's rows and this lane's keys.
-        float s[ROWS][KPL];
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-            for (int i = 0; i < KPL; ++i) s[r][i] = 0.0f;
-#pragma unroll 2
-        for (int w = d_group; w < QW; w += D_SPLIT) {
-            float kf[KPL][VEC];
-#pragma unroll
-            for (int i = 0; i < KPL; ++i) E::unpack(k_words[(key_lane + i * KEY_LANES) * KSW + w], kf[i]);
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                float qf[VEC];
-                E::unpack(q_words[r * QW + w], qf);
-#pragma unroll
-                for (int i = 0; i < KPL; ++i)
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e) s[r][i] = fmaf(qf[e], kf[i][e], s[r][i]);
-            }
-        }
+        float s[ROWS][CPL];  // S = Q K^T for this warp's rows and this lane's keys
+        Tile::template dots<D_PAD / VEC, D_PAD / VEC, L::K_STRIDE / VEC>(
+            q_words, reinterpret_cast<const Word*>(k_tile), s, lane);
 
-        // Finish the dot products across head-dim groups, mask, online softmax.
+        // Mask, then online softmax in base 2 with the scale folded in.
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             const int row = m0 + warp * ROWS + r;
             float row_max = CUPYATTN_NEG_INF;
 #pragma unroll
-            for (int i = 0; i < KPL; ++i) {
-                const float dot = warp_sum_from<KEY_LANES>(s[r][i]);
-                const int col = n0 + key_lane + i * KEY_LANES;
+            for (int c = 0; c < CPL; ++c) {
+                const int col = n0 + Tile::col_of(lane, c);
                 const bool visible = col < seqlen_k && (!CAUSAL || col <= row + causal_offset);
-                s[r][i] = visible ? dot * scale_log2 : CUPYATTN_NEG_INF;
-                row_max = fmaxf(row_max, s[r][i]);
+                s[r][c] = visible ? s[r][c] * scale_log2 : CUPYATTN_NEG_INF;
+                row_max = fmaxf(row_max, s[r][c]);
             }
-            row_max = group_max<KEY_LANES>(row_max);
+            row_max = group_max<Tile::COL_LANES>(row_max);
             const float m_new = fmaxf(m_run[r], row_max);
             // A row that has seen no visible key yet keeps m = -inf; use 0 as the
             // exponent base so exp2 gives 0 (not NaN) for its masked scores.
@@ -173,55 +127,28 @@ attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
             const float alpha = exp2f(m_run[r] - base);
             float row_sum = 0.0f;
 #pragma unroll
-            for (int i = 0; i < KPL; ++i) {
-                s[r][i] = exp2f(s[r][i] - base);
-                row_sum += s[r][i];
+            for (int c = 0; c < CPL; ++c) {
+                s[r][c] = exp2f(s[r][c] - base);
+                row_sum += s[r][c];
             }
-            l_run[r] = l_run[r] * alpha + group_sum<KEY_LANES>(row_sum);
+            l_run[r] = l_run[r] * alpha + group_sum<Tile::COL_LANES>(row_sum);
             m_run[r] = m_new;
-#pragma unroll
-            for (int t = 0; t < OW; ++t)
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) o_acc[r][t][e] *= alpha;
+            o_acc.scale_row(r, alpha);
         }
 
-        // O += P V: key j's probability comes from lane j % KEY_LANES.
-#pragma unroll
-        for (int j = 0; j < BLOCK_N; ++j) {
-            float p[ROWS];
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) p[r] = __shfl_sync(FULL_MASK, s[r][j / KEY_LANES], j % KEY_LANES);
-#pragma unroll
-            for (int t = 0; t < OW; ++t) {
-                const int w = lane + 32 * t;
-                if (w < VW) {
-                    float vf[VEC];
-                    E::unpack(v_words[j * VW + w], vf);
-#pragma unroll
-                    for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-                        for (int e = 0; e < VEC; ++e) o_acc[r][t][e] = fmaf(p[r], vf[e], o_acc[r][t][e]);
-                }
-            }
-        }
+        o_acc.template accumulate<DV_PAD / VEC>(s, reinterpret_cast<const Word*>(v_tile), lane);  // O += P V
     }
 
     // O /= l; rows that saw no key get O = 0 and lse = -inf.
+    const int rows_left = seqlen_q - m0 - warp * ROWS;
+    float inv_l[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-        const int row = m0 + warp * ROWS + r;
-        if (row >= seqlen_q) continue;
-        const float inv_l = l_run[r] > 0.0f ? 1.0f / l_run[r] : 0.0f;
-#pragma unroll
-        for (int t = 0; t < OW; ++t)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-                const int d = (lane + 32 * t) * VEC + e;
-                if (d < head_dim_v) out[row * o_ss + d] = E::from_float(o_acc[r][t][e] * inv_l);
-            }
-        if (lane == 0)
-            lse[row] = l_run[r] > 0.0f ? (m_run[r] + log2f(l_run[r])) * LN2 : CUPYATTN_NEG_INF;
+        inv_l[r] = l_run[r] > 0.0f ? 1.0f / l_run[r] : 0.0f;
+        if (lane == 0 && r < rows_left)
+            lse[warp * ROWS + r] = l_run[r] > 0.0f ? (m_run[r] + log2f(l_run[r])) * LN2 : CUPYATTN_NEG_INF;
     }
+    o_acc.store(out + warp * ROWS * o_ss, o_ss, rows_left, head_dim_v, inv_l, lane);
 }
 
 }  // namespace cupyattn

@@ -10,7 +10,8 @@ import pytest
 
 from cupyattn import compile as cc
 from cupyattn.device import named_device
-from cupyattn.plan import AttentionProblem, FwdSimtConfig, check_expression, plan_forward
+from cupyattn.plan import (AttentionProblem, BwdDeltaConfig, FwdSimtConfig, check_expression,
+                           plan_backward, plan_forward)
 
 
 def _nvrtc_reason():
@@ -37,8 +38,18 @@ REPRESENTATIVE = sorted({
 }, key=lambda c: c.name_expression)
 
 
+REPRESENTATIVE_BWD = sorted({
+    plan.config
+    for dtype in ("float16", "float32")
+    for d in (64, 128, 256)
+    for dev, causal in (("h100", True), ("t4", False))
+    for plan in plan_backward(AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096),
+                              named_device(dev)).plans
+} | {BwdDeltaConfig("bfloat16")}, key=lambda c: c.name_expression)
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("config", REPRESENTATIVE, ids=lambda c: c.name_expression.split("<")[1][:-1])
+@pytest.mark.parametrize("config", REPRESENTATIVE + REPRESENTATIVE_BWD, ids=lambda c: c.name_expression.replace("cupyattn::", ""))
 def test_planned_forward_compiles_without_spills(config, arch):
     report = cc.compile_only(config, arch)
     assert report.spills == 0, report.log

@@ -7,7 +7,8 @@ strided views whose padding holds NaN, so a read past the logical end shows.
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from _gpu_cases import DTYPES, SETTINGS, device_array, problems
+from hypothesis import given
 from hypothesis import strategies as st
 
 import cupyattn
@@ -16,23 +17,6 @@ from cupyattn.reference import attention_reference
 
 pytestmark = pytest.mark.gpu
 
-DTYPES = ["float16", "bfloat16", "float32"]
-HEAD_DIMS = [1, 3, 8, 31, 33, 64, 80, 96, 128, 160, 200, 256]
-# Tile sizes are 8..64: 1, tile - 1, tile, tile + 1 for several of them.
-SEQLENS = [1, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 200]
-SETTINGS = settings(max_examples=25, deadline=None, derandomize=False,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def device_array(values: np.ndarray, dtype: str, strided: bool, rng):
-    """``values`` on the device, either packed or as a view into a NaN-padded buffer."""
-    if not strided:
-        return testing.to_device(values, dtype)
-    B, S, H, D = values.shape
-    big = np.full((B, S + 1, H + 2, D + 3), np.nan, dtype=np.float32)
-    h0 = int(rng.integers(0, 3))
-    big[:, :S, h0:h0 + H, :D] = values
-    return testing.to_device(big, dtype)[:, :S, h0:h0 + H, :D]
 
 
 def run_and_check(*, B, Sq, Sk, Hq, Hkv, D, Dv, dtype, causal, scale=None, layout="bshd",
@@ -64,20 +48,6 @@ def run_and_check(*, B, Sq, Sk, Hq, Hkv, D, Dv, dtype, causal, scale=None, layou
     assert cmp.ok, str(cmp)
     np.testing.assert_allclose(lse_host, ref_lse, rtol=2e-5, atol=2e-5)
     return cmp
-
-
-@st.composite
-def problems(draw):
-    hkv = draw(st.integers(1, 3))
-    D = draw(st.sampled_from(HEAD_DIMS))
-    return dict(
-        B=draw(st.integers(1, 3)), Sq=draw(st.sampled_from(SEQLENS)), Sk=draw(st.sampled_from(SEQLENS)),
-        Hkv=hkv, Hq=hkv * draw(st.integers(1, 3)), D=D,
-        Dv=draw(st.sampled_from([D, D, D, 8, 72, 128])),
-        scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
-        layout=draw(st.sampled_from(["bshd", "bhsd"])), strided=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**31)),
-    )
 
 
 @pytest.mark.parametrize("causal", [False, True, "top_left"])

@@ -120,3 +120,32 @@ def test_problem_validation():
         AttentionProblem("float16", 257, 257, False)
     with pytest.raises(ValueError, match="dtype"):
         AttentionProblem("float64", 64, 64, False)
+
+
+@pytest.mark.parametrize("device", sorted(NAMED_DEVICES))
+def test_every_head_dim_dtype_and_causal_has_a_fitting_backward_plan(device):
+    """Planned on its own: float32 at head dim 256 fits 101376- and 65536-byte GPUs too."""
+    from cupyattn.plan import plan_backward
+
+    spec = named_device(device)
+    for dtype in DTYPES:
+        for d in range(1, 257):
+            for causal in (False, True):
+                bplan = plan_backward(AttentionProblem(dtype, d, d, causal), spec)
+                for plan in bplan.plans:
+                    assert plan.smem_bytes <= spec.smem_per_block_optin
+                    assert plan.config.accumulators_per_lane <= 32
+
+
+def test_backward_is_planned_apart_from_the_forward():
+    from cupyattn.plan import plan_backward
+
+    problem = AttentionProblem("float32", 128, 128, True, 4, 4, 4, 4096, 4096)
+    spec = named_device("rtx6000ada")
+    fwd = plan_forward(problem, spec)
+    bwd = plan_backward(problem, spec)
+    assert (fwd.config.block_m, fwd.config.block_n) == (64, 64)  # not shrunk to the backward's needs
+    names = [b.name for b in bwd.dkdv.layout]
+    assert names == ["k_tile", "v_tile", "q_tile", "do_tile"]
+    assert [b.name for b in bwd.dq.layout] == ["q_tile", "do_tile", "k_tile", "v_tile"]
+    assert "attn_bwd_delta" in bwd.describe() and "attn_bwd_dkdv_simt" in bwd.describe()

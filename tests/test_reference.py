@@ -113,3 +113,37 @@ def test_tolerance_rejects_a_slightly_wrong_kernel(dtype):
     assert not compare(wrong_scale, ref, ref_p, dtype, 128).ok
     dropped, _ = attention_reference(q, k[:, 1:], v[:, 1:], causal=True, precision=dtype)
     assert not compare(dropped[:, 1:], ref[:, 1:], ref_p[:, 1:], dtype, 128).ok
+
+
+@pytest.mark.parametrize("causal", [False, True, "top_left"])
+def test_backward_reference_matches_central_finite_differences(causal):
+    from cupyattn.reference import attention_backward_reference
+
+    rng = np.random.default_rng(9)
+    q = rng.standard_normal((1, 5, 4, 3))
+    k = rng.standard_normal((1, 4, 2, 3))
+    v = rng.standard_normal((1, 4, 2, 2))
+    dout = rng.standard_normal((1, 5, 4, 2))
+    loss = lambda q, k, v: float(np.sum(attention_reference(q, k, v, causal=causal, scale=0.6)[0] * dout))
+    grads = attention_backward_reference(dout, q, k, v, causal=causal, scale=0.6)
+    eps = 1e-6
+    for which, (x, g) in enumerate(zip((q, k, v), grads)):
+        numeric = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            args = [q, k, v]
+            for sign in (1, -1):
+                xp = x.copy()
+                xp[idx] += sign * eps
+                args[which] = xp
+                numeric[idx] += sign * loss(*args) / (2 * eps)
+        np.testing.assert_allclose(g, numeric, rtol=1e-6, atol=1e-8)
+
+
+def test_backward_reference_rows_without_keys_have_zero_gradients():
+    from cupyattn.reference import attention_backward_reference
+
+    rng = np.random.default_rng(10)
+    q, dout = (rng.standard_normal((1, 6, 1, 4)) for _ in range(2))
+    k, v = (rng.standard_normal((1, 2, 1, 4)) for _ in range(2))
+    dq, dk, dv = attention_backward_reference(dout, q, k, v, causal=True)
+    assert np.all(dq[0, :4] == 0) and np.all(np.isfinite(dk)) and np.all(np.isfinite(dv))

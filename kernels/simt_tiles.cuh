@@ -1,0 +1,134 @@
+// Warp-level building blocks of the SIMT kernels (forward, dK/dV, dQ).
+//
+// A warp owns ROWS "rows" (query rows in the forward and dQ, keys in dK/dV)
+// whose vectors it reads from shared memory by broadcast, and a tile of NCOLS
+// "columns" (keys, or query rows in dK/dV) read by lane from padded rows:
+//   column c lives in lane c % COL_LANES, slot c / COL_LANES; lanes that share a
+//   column (D_SPLIT of them when NCOLS < 32) split the head dim and combine.
+// Products go back through shuffles: a column's coefficient comes from its lane.
+#pragma once
+
+#include "common.cuh"
+
+namespace cupyattn {
+
+// Copy a [rows][cols] tile from global memory (row stride src_stride elements,
+// contiguous columns) to shared memory (row stride DST_STRIDE), zero-filling rows
+// >= valid_rows and columns >= valid_cols so padding never changes a result.
+template <typename T, int ROWS, int COLS, int DST_STRIDE, int THREADS>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, long long src_stride,
+                                          int valid_rows, int valid_cols) {
+    for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
+        const int r = i / COLS, c = i % COLS;
+        dst[r * DST_STRIDE + c] =
+            (r < valid_rows && c < valid_cols) ? src[r * src_stride + c] : Elem<T>::zero();
+    }
+}
+
+template <typename T, int ROWS, int NCOLS>
+struct WarpTile {
+    using E = Elem<T>;
+    using Word = typename E::Word;
+    static constexpr int VEC = E::VEC;
+    static constexpr int COL_LANES = NCOLS < 32 ? NCOLS : 32;
+    static constexpr int D_SPLIT = 32 / COL_LANES;
+    static constexpr int CPL = NCOLS / COL_LANES;  // columns per lane
+    static_assert(32 % COL_LANES == 0 && NCOLS % COL_LANES == 0, "NCOLS must be a power of two");
+
+    __device__ static int col_of(int lane, int slot) { return lane % COL_LANES + slot * COL_LANES; }
+
+    // acc[r][c] = <rows[r], cols[col_of(lane, c)]> over NW words; every lane of a
+    // column ends with the full sum. Row r starts at rows + r * ROW_STRIDE (words).
+    template <int NW, int ROW_STRIDE, int COL_STRIDE>
+    __device__ static void dots(const Word* rows, const Word* cols, float (&acc)[ROWS][CPL], int lane) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int c = 0; c < CPL; ++c) acc[r][c] = 0.0f;
+#pragma unroll 2
+        for (int w = lane / COL_LANES; w < NW; w += D_SPLIT) {
+            float cf[CPL][VEC];
+#pragma unroll
+            for (int c = 0; c < CPL; ++c) E::unpack(cols[col_of(lane, c) * COL_STRIDE + w], cf[c]);
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                float rf[VEC];
+                E::unpack(rows[r * ROW_STRIDE + w], rf);
+#pragma unroll
+                for (int c = 0; c < CPL; ++c)
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) acc[r][c] = fmaf(rf[e], cf[c][e], acc[r][c]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int c = 0; c < CPL; ++c) acc[r][c] = warp_sum_from<COL_LANES>(acc[r][c]);
+    }
+
+    // Accumulators for an NW-word output row: lane owns words lane + 32 * t.
+    template <int NW>
+    struct Out {
+        static constexpr int WORDS_PER_LANE = (NW + 31) / 32;
+        float v[ROWS][WORDS_PER_LANE][VEC];
+
+        __device__ void zero() {
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                for (int t = 0; t < WORDS_PER_LANE; ++t)
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) v[r][t][e] = 0.0f;
+        }
+
+        __device__ void scale_row(int r, float alpha) {
+#pragma unroll
+            for (int t = 0; t < WORDS_PER_LANE; ++t)
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) v[r][t][e] *= alpha;
+        }
+
+        // v[r] += sum_c coef[r][c] * mat[c] over the tile's NCOLS columns, where
+        // coef is laid out like dots()' result and mat row c starts at c * STRIDE.
+        template <int STRIDE>
+        __device__ void accumulate(const float (&coef)[ROWS][CPL], const Word* mat, int lane) {
+#pragma unroll
+            for (int c = 0; c < NCOLS; ++c) {
+                float k[ROWS];
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r)
+                    k[r] = __shfl_sync(FULL_MASK, coef[r][c / COL_LANES], c % COL_LANES);
+#pragma unroll
+                for (int t = 0; t < WORDS_PER_LANE; ++t) {
+                    const int w = lane + 32 * t;
+                    if (w < NW) {
+                        float mf[VEC];
+                        E::unpack(mat[c * STRIDE + w], mf);
+#pragma unroll
+                        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                            for (int e = 0; e < VEC; ++e) v[r][t][e] = fmaf(k[r], mf[e], v[r][t][e]);
+                    }
+                }
+            }
+        }
+
+        // out[r * row_stride + d] = v[r][d] * factor[r] for rows < valid_rows, d < dim.
+        __device__ void store(T* out, long long row_stride, int valid_rows, int dim,
+                              const float (&factor)[ROWS], int lane) const {
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                if (r >= valid_rows) break;
+#pragma unroll
+                for (int t = 0; t < WORDS_PER_LANE; ++t)
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) {
+                        const int d = (lane + 32 * t) * VEC + e;
+                        if (d < dim) out[r * row_stride + d] = E::from_float(v[r][t][e] * factor[r]);
+                    }
+            }
+        }
+    };
+};
+
+}  // namespace cupyattn

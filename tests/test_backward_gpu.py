@@ -1,0 +1,160 @@
+"""Backward kernels on the GPU against the float64 NumPy reference.
+
+Rule: max|g - ref64| <= 3 * max|g_same_precision - ref64| + floor, for each of dq, dk, dv.
+Gradients poisoned with NaN before launch; strided, NaN-padded inputs; GQA; both
+causal alignments; the smaller shared-memory limits; determinism; the seed case.
+"""
+
+import numpy as np
+import pytest
+from _gpu_cases import DTYPES, SETTINGS, device_array, problems
+from hypothesis import given
+from hypothesis import strategies as st
+
+import cupyattn
+from cupyattn import testing
+from cupyattn.reference import attention_backward_reference
+
+pytestmark = pytest.mark.gpu
+
+
+def _inputs(B, Sq, Sk, Hq, Hkv, D, Dv, dtype, layout, strided, seed):
+    rng = np.random.default_rng(seed)
+    host = [testing.host_values(shape, dtype, rng) for shape in
+            ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, Dv), (B, Sq, Hq, Dv))]
+    dev = [device_array(x, dtype, strided, rng) for x in host]
+    if layout == "bhsd":
+        dev = [x.transpose(0, 2, 1, 3) for x in dev]
+    return host, dev
+
+
+def _poisoned_like(x, dtype):
+    g = testing.to_device(np.zeros(x.shape, np.float32), dtype)
+    testing.poison(g)
+    return g
+
+
+def run_backward_and_check(*, B, Sq, Sk, Hq, Hkv, D, Dv, dtype, causal, scale=None, layout="bshd",
+                           strided=False, smem_limit=None, seed=0):
+    (hq, hk, hv, hdo), (q, k, v, dout) = _inputs(B, Sq, Sk, Hq, Hkv, D, Dv, dtype, layout, strided, seed)
+    out, lse = cupyattn.attention(q, k, v, causal=causal, scale=scale, layout=layout,
+                                  return_lse=True, smem_limit=smem_limit)
+    grads = [_poisoned_like(x, dtype) for x in (q, k, v)]
+    got = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
+                                      layout=layout, dq=grads[0], dk=grads[1], dv=grads[2],
+                                      smem_limit=smem_limit)
+    assert all(a is b for a, b in zip(got, grads))
+    ref = attention_backward_reference(hdo, hq, hk, hv, causal=causal, scale=scale)
+    ref_p = attention_backward_reference(hdo, hq, hk, hv, causal=causal, scale=scale, precision=dtype)
+    reduction = max(Sq * (Hq // Hkv), Sk)  # longest sum behind any gradient element
+    for name, g, r, rp in zip(("dq", "dk", "dv"), got, ref, ref_p):
+        g = testing.to_host(g)
+        if layout == "bhsd":
+            g = g.transpose(0, 2, 1, 3)
+        assert not np.isnan(g).any(), f"{name} has NaN (unwritten or leaked from padding)"
+        cmp = testing.compare(g, r, rp, dtype, reduction, factor=3.0)
+        assert cmp.ok, f"{name}: {cmp}"
+
+
+@pytest.mark.parametrize("causal", [False, True, "top_left"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@SETTINGS
+@given(p=problems())
+def test_backward_matches_reference(dtype, causal, p):
+    run_backward_and_check(dtype=dtype, causal=causal, **p)
+
+
+@pytest.mark.parametrize("smem_limit", [101376, 65536])
+@pytest.mark.parametrize("dtype", DTYPES)
+@SETTINGS
+@given(p=problems(), causal=st.sampled_from([False, True, "top_left"]))
+def test_backward_with_smaller_shared_memory(dtype, smem_limit, p, causal):
+    run_backward_and_check(dtype=dtype, causal=causal, smem_limit=smem_limit, **p)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_that_see_no_key_get_zero_gradients(dtype):
+    run_backward_and_check(B=2, Sq=40, Sk=9, Hq=2, Hkv=1, D=64, Dv=64, dtype=dtype, causal=True)
+    (_, _, _, _), (q, k, v, dout) = _inputs(1, 40, 9, 2, 2, 32, 32, dtype, "bshd", False, 3)
+    out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True)
+    dq = testing.to_host(dq)
+    assert np.all(dq[:, :31] == 0) and not np.isnan(dq).any()
+
+
+@pytest.mark.parametrize("D", [64, 256])
+def test_deterministic_backward_is_bitwise_reproducible(D):
+    (_, _, _, _), (q, k, v, dout) = _inputs(32, 96, 96, 4, 2, D, D, "float16", "bshd", False, 11)
+    out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)
+    first = [g.copy() for g in cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True,
+                                                            deterministic=True)]
+    for _ in range(50):
+        again = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+        for a, b in zip(first, again):
+            assert bool((a.view(np.uint16) == b.view(np.uint16)).all())
+
+
+@pytest.mark.parametrize("D", [128, 256])
+def test_seed_case_float32_forward_and_backward_on_rtx6000ada_limit(D):
+    """Second seed thread: float32, causal, B=4, H=4, S=4096 within 101376 bytes."""
+    from cupyattn.reference import attention_reference
+
+    B, S, H = 4, 4096, 4
+    (hq, hk, hv, hdo), (q, k, v, dout) = _inputs(B, S, S, H, H, D, D, "float32", "bshd", False, D)
+    out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True, smem_limit=101376)
+    dq, dk, dv = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, smem_limit=101376)
+    rng = np.random.default_rng(D)
+    b = 1  # one batch element against the full reference (all rows feed dk, dv)
+    rows = np.sort(rng.choice(S, 256, replace=False))
+    ref_out, _ = attention_reference(hq[b:b + 1], hk[b:b + 1], hv[b:b + 1], causal=True, rows=rows)
+    ref_out_p, _ = attention_reference(hq[b:b + 1], hk[b:b + 1], hv[b:b + 1], causal=True, rows=rows,
+                                       precision="float32")
+    assert testing.compare(testing.to_host(out)[b:b + 1][:, rows], ref_out, ref_out_p, "float32", S).ok
+    ref = attention_backward_reference(hdo[b:b + 1], hq[b:b + 1], hk[b:b + 1], hv[b:b + 1], causal=True)
+    ref_p = attention_backward_reference(hdo[b:b + 1], hq[b:b + 1], hk[b:b + 1], hv[b:b + 1],
+                                         causal=True, precision="float32")
+    for name, g, r, rp in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, ref_p):
+        cmp = testing.compare(testing.to_host(g)[b:b + 1][:, rows], r[:, rows], rp[:, rows], "float32", S,
+                              factor=3.0)
+        assert cmp.ok, f"{name}: {cmp}"
+
+
+def _bad_backward_inputs():
+    import cupy
+
+    f16 = lambda *s: cupy.ones(s, cupy.float16)
+    q, k, v = f16(2, 16, 4, 64), f16(2, 16, 2, 64), f16(2, 16, 2, 64)
+    out, dout = f16(2, 16, 4, 64), f16(2, 16, 4, 64)
+    lse = cupy.zeros((2, 4, 16), cupy.float32)
+    base = dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+    return [
+        (dict(base, dout=f16(2, 16, 4, 32)), ValueError, "dout: expected shape (2, 16, 4, 64)"),
+        (dict(base, dout=dout.astype(cupy.float32)), TypeError, "dout: expected dtype float16"),
+        (dict(base, dout=dout.get()), TypeError, "dout: expected a cupy.ndarray in GPU memory"),
+        (dict(base, out=f16(2, 15, 4, 64)), ValueError, "out: expected shape (2, 16, 4, 64)"),
+        (dict(base, lse=lse[:, :, :8]), ValueError, "lse: expected shape (2, 4, 16)"),
+        (dict(base, lse=lse.astype(cupy.float16)), TypeError, "lse: expected dtype float32"),
+        (dict(base, lse=cupy.zeros((2, 16, 4), cupy.float32).transpose(0, 2, 1)), ValueError,
+         "lse: expected a C-contiguous array"),
+        (dict(base, k=f16(2, 16, 3, 64), v=f16(2, 16, 3, 64)), ValueError, "divides the 4 heads of q"),
+        (dict(base, q=q.astype(cupy.float64)), TypeError, "q: expected dtype float16, bfloat16 or float32"),
+        (dict(base, causal="sideways"), ValueError, "causal: expected False, True"),
+        (dict(base, deterministic="yes"), TypeError, "deterministic: expected True or False"),
+        (dict(base, dk=f16(2, 16, 4, 64)), ValueError, "dk: expected shape (2, 16, 2, 64)"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_bad_backward_input_raises_before_launch_and_leaves_outputs_untouched(case):
+    import cupy
+
+    kwargs, exc, fragment = _bad_backward_inputs()[case]
+    for name, shape in (("dq", (2, 16, 4, 64)), ("dk", (2, 16, 2, 64)), ("dv", (2, 16, 2, 64))):
+        kwargs.setdefault(name, cupy.full(shape, 7, cupy.float16))
+    before = {n: cupy.asnumpy(kwargs[n]).copy() for n in ("dq", "dk", "dv")}
+    args = [kwargs.pop(n) for n in ("dout", "q", "k", "v", "out", "lse")]
+    with pytest.raises(exc) as info:
+        cupyattn.attention_backward(*args, **kwargs)
+    assert fragment in str(info.value)
+    for n, b in before.items():
+        np.testing.assert_array_equal(cupy.asnumpy(kwargs[n]), b)
