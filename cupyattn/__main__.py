@@ -33,21 +33,6 @@ def _gpu_available() -> str | None:
     return None if n > 0 else "no CUDA device found"
 
 
-def _time_call(fn, repeats: int = 10) -> float:
-    import cupy
-
-    fn()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
-
-
 def cmd_check(args) -> int:
     reason = _gpu_available()
     if reason is not None:
@@ -85,7 +70,7 @@ def cmd_check(args) -> int:
         ref_p, _ = attention_reference(hq, hk, hv, causal=causal, rows=rows, precision=dtype)
         cmp = testing.compare(testing.to_host(out)[:, rows], ref, ref_p, dtype, Sk)
         lse_ok = np.allclose(cupy.asnumpy(lse)[:, :, rows], ref_lse, rtol=1e-4, atol=1e-4)
-        ms = _time_call(lambda: api.attention(q, k, v, causal=causal, out=out, smem_limit=args.smem_limit))
+        ms = testing.median_ms(lambda: api.attention(q, k, v, causal=causal, out=out, smem_limit=args.smem_limit))
         ok = cmp.ok and lse_ok
         failures += not ok
         problem = AttentionProblem(dtype, D, D, causal_offset(causal, Sq, Sk) is not None, B, Hq, Hkv, Sq, Sk)

@@ -26,7 +26,7 @@ def _dtype_name(x) -> str:
     return np.dtype(x.dtype).name
 
 
-def _check_array(name: str, x):
+def _require_cupy(name: str, x):
     import cupy
 
     if isinstance(x, np.ndarray):
@@ -34,6 +34,10 @@ def _check_array(name: str, x):
                         f"(host memory); move it with cupy.asarray({name})")
     if not isinstance(x, cupy.ndarray):
         raise TypeError(f"{name}: expected a cupy.ndarray, got {type(x).__module__}.{type(x).__name__}")
+
+
+def _check_array(name: str, x):
+    _require_cupy(name, x)
     if x.ndim != 4:
         raise ValueError(f"{name}: expected 4 dimensions (batch, seqlen, heads, head_dim), "
                          f"got {x.ndim} with shape {tuple(x.shape)}")
@@ -154,12 +158,7 @@ def _validate(q, k, v, causal, scale, layout) -> _Call:
 
 def _check_like(name: str, x, shape, dtype: str, device_id: int):
     """A caller's array (out=, dout, dq=, ...): CuPy, shape, dtype, device, contiguous rows."""
-    import cupy
-
-    if isinstance(x, np.ndarray):
-        raise TypeError(f"{name}: expected a cupy.ndarray in GPU memory, got a numpy.ndarray (host memory)")
-    if not isinstance(x, cupy.ndarray):
-        raise TypeError(f"{name}: expected a cupy.ndarray, got {type(x).__module__}.{type(x).__name__}")
+    _require_cupy(name, x)
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
     if _dtype_name(x) != dtype:

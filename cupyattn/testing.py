@@ -81,3 +81,20 @@ def compare(out: np.ndarray, ref64: np.ndarray, ref_same: np.ndarray, dtype: str
     ref_err = float(np.max(np.abs(np.asarray(ref_same, np.float64) - ref64)))
     magnitude = float(np.max(np.abs(ref64)))
     return Comparison(err, ref_err, tolerance(ref_err, dtype, magnitude, seqlen_k, factor))
+
+
+def median_ms(fn, repeats: int = 10, warmup: int = 1) -> float:
+    """Median time of ``fn()`` in milliseconds, by CUDA events on the current stream."""
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))

@@ -233,13 +233,9 @@ attn_bwd_dq_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __re
 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const long long block = blockIdx.x;
-    const int m_tile = num_m_tiles - 1 - (int)(block % num_m_tiles);
-    const long long bh = block / num_m_tiles;
-    const int h = (int)(bh % n_heads_q);
-    const long long b = bh / n_heads_q;
-    const int h_kv = h / (n_heads_q / n_heads_kv);
-    const int m0 = m_tile * BLOCK_M;
+    const QueryBlock qb = query_block<BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
+    const long long b = qb.b;
+    const int h = qb.h, h_kv = qb.h_kv, m0 = qb.m0;
 
     load_tile<T, BLOCK_M, D_PAD, D_PAD, THREADS>(
         q_tile, q + b * q_sb + h * q_sh + m0 * q_ss, q_ss, seqlen_q - m0, head_dim);

@@ -6,8 +6,7 @@
 // end O /= l and lse = (m + log2 l) * ln 2.
 //
 // Grid: one block per (query tile, query head, batch), flattened into grid.x
-// (tile fastest, last tile first so causal blocks with the most work start
-// early). Block: NUM_WARPS warps; warp w owns query rows [w*ROWS, (w+1)*ROWS).
+// (query_block in simt_tiles.cuh). Block: NUM_WARPS warps; warp w owns query rows [w*ROWS, (w+1)*ROWS).
 // For S, lane L owns keys (L % KEY_LANES) + i*KEY_LANES and head-dim words
 // congruent to L / KEY_LANES (mod D_SPLIT); for O, lane L owns value words
 // L + 32*t. P moves from the S lanes to the O lanes by warp shuffles.
@@ -64,13 +63,9 @@ attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const long long block = blockIdx.x;
-    const int m_tile = num_m_tiles - 1 - (int)(block % num_m_tiles);
-    const long long bh = block / num_m_tiles;
-    const int h = (int)(bh % n_heads_q);
-    const long long b = bh / n_heads_q;
-    const int h_kv = h / (n_heads_q / n_heads_kv);
-    const int m0 = m_tile * BLOCK_M;
+    const QueryBlock qb = query_block<BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
+    const long long b = qb.b;
+    const int h = qb.h, h_kv = qb.h_kv, m0 = qb.m0;
 
     q += b * q_sb + h * q_sh + m0 * q_ss;
     k += b * k_sb + h_kv * k_sh;

@@ -25,6 +25,23 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, long long src_st
     }
 }
 
+// Which (batch, query head, query tile) a block of the forward or dQ grid owns:
+// grid.x flattens (tile, head, batch), tile fastest and the last tile first, so
+// causal blocks with the most keys to visit start early.
+struct QueryBlock {
+    long long b;
+    int h, h_kv, m0;
+};
+
+template <int BLOCK_M>
+__device__ __forceinline__ QueryBlock query_block(int num_m_tiles, int n_heads_q, int n_heads_kv) {
+    const long long block = blockIdx.x;
+    const int m_tile = num_m_tiles - 1 - (int)(block % num_m_tiles);
+    const long long bh = block / num_m_tiles;
+    const int h = (int)(bh % n_heads_q);
+    return {bh / n_heads_q, h, h / (n_heads_q / n_heads_kv), m_tile * BLOCK_M};
+}
+
 template <typename T, int ROWS, int NCOLS>
 struct WarpTile {
     using E = Elem<T>;

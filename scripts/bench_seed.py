@@ -10,23 +10,9 @@ import argparse
 import json
 
 import cupy
-import numpy as np
 
 import cupyattn
-
-
-def median_ms(fn, repeats=10, warmup=2):
-    for _ in range(warmup):
-        fn()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
+from cupyattn.testing import median_ms
 
 
 def bench_cupyattn(B, S, H, D, smem_limit):
