@@ -1,6 +1,11 @@
-"""Command line: ``python -m cupyattn check`` (the self-check on the GPU) and
-``python -m cupyattn plan`` (the chosen configuration and its shared memory,
-buffer by buffer, for the current GPU or a named one)."""
+"""Command line.
+
+  check     the self-check on this GPU: forward and backward against the float64 reference
+  caps      the capability matrix: head dim x dtype x pass on a device (named ones need no GPU)
+  explain   where one call's shared memory goes, buffer by buffer, with compiled resources
+  plan      the chosen forward configuration and its layout (short form of explain)
+  warmup    compile every configuration this GPU will use, ahead of time
+"""
 
 from __future__ import annotations
 
@@ -94,6 +99,74 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _device_or_exit(name: str):
+    from .device import resolve_device
+
+    if name == "current" and _gpu_available() is not None:
+        print(f"cupyattn: no usable GPU for --device current ({_gpu_available()}); "
+              "name one instead, e.g. --device rtx6000ada")
+        sys.exit(1)
+    return resolve_device(name)
+
+
+def cmd_caps(args) -> int:
+    from .explain import CAPS_HEAD_DIMS, DTYPES, capabilities
+
+    spec = _device_or_exit(args.device)
+    matrix = capabilities(spec, dtypes=args.dtype or DTYPES, head_dims=args.head_dim or CAPS_HEAD_DIMS,
+                          causal=not args.not_causal, smem_limit=args.smem_limit, compile=args.compile)
+    print(matrix.to_json() if args.json else matrix)
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from .explain import explain
+
+    spec = _device_or_exit(args.device)
+    result = explain(args.head_dim, args.dtype, backward=args.backward, device=spec,
+                     smem_limit=args.smem_limit, causal=args.causal, head_dim_v=args.head_dim_v,
+                     batch=args.batch, heads=args.heads, seqlen_q=args.seqlen,
+                     compile=not args.no_compile)
+    if args.json:
+        import json
+
+        print(json.dumps(result.to_dict(), indent=1))
+    else:
+        print(result)
+    return 0
+
+
+def cmd_warmup(args) -> int:
+    reason = _gpu_available()
+    if reason is not None:
+        print(f"cupyattn warmup: no usable GPU ({reason}); nothing to compile")
+        return 1
+    from .compile import get_kernel
+    from .device import current_device
+    from .explain import CAPS_HEAD_DIMS, DTYPES
+    from .plan import AttentionProblem, plan_backward, plan_forward
+
+    spec = current_device().with_smem_limit(args.smem_limit)
+    configs = {}
+    for d in args.head_dim or CAPS_HEAD_DIMS:
+        for dtype in args.dtype or DTYPES:
+            for causal in (False, True):
+                problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096)
+                bwd = plan_backward(problem, spec)
+                for cfg in (plan_forward(problem, spec).config, bwd.delta, bwd.dkdv.config, bwd.dq.config):
+                    configs[cfg.name_expression] = cfg
+    start = time.perf_counter()
+    for i, cfg in enumerate(configs.values(), 1):
+        t0 = time.perf_counter()
+        get_kernel(cfg, spec)
+        bar = "#" * (30 * i // len(configs))
+        print(f"\r[{bar:<30}] {i}/{len(configs)} {time.perf_counter() - t0:6.2f}s {cfg.name_expression:<70}",
+              end="", flush=True)
+    print(f"\n{len(configs)} configurations ready in {time.perf_counter() - start:.1f}s "
+          "(CuPy's disk cache keeps them for the next process)")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cupyattn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -112,6 +185,38 @@ def main(argv=None) -> int:
     plan.add_argument("--seqlen", type=int, default=4096)
     plan.add_argument("--smem-limit", type=int, default=None)
     plan.set_defaults(func=cmd_plan)
+
+    caps = sub.add_parser("caps", help="capability matrix: head dim x dtype x {forward, backward}")
+    caps.add_argument("--device", default="current", help="current, or a named GPU (t4, rtx6000ada, sm_89, ...)")
+    caps.add_argument("--dtype", action="append", choices=["float16", "bfloat16", "float32"],
+                      help="repeatable; default all three")
+    caps.add_argument("--head-dim", action="append", type=int, help="repeatable; default 32 64 96 128 160 192 256")
+    caps.add_argument("--not-causal", action="store_true", help="plan the non-causal kernels")
+    caps.add_argument("--smem-limit", type=int, default=None)
+    caps.add_argument("--compile", action="store_true", help="add registers and spills (NVRTC, no GPU needed)")
+    caps.add_argument("--json", action="store_true")
+    caps.set_defaults(func=cmd_caps)
+
+    exp = sub.add_parser("explain", help="every shared-memory buffer of a call's kernels")
+    exp.add_argument("--device", default="current", help="current, or a named GPU (t4, rtx6000ada, sm_89, ...)")
+    exp.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    exp.add_argument("--head-dim", type=int, default=128)
+    exp.add_argument("--head-dim-v", type=int, default=None)
+    exp.add_argument("--backward", action="store_true", help="the backward's dK/dV and dQ kernels")
+    exp.add_argument("--causal", action="store_true")
+    exp.add_argument("--batch", type=int, default=4)
+    exp.add_argument("--heads", type=int, default=16)
+    exp.add_argument("--seqlen", type=int, default=4096)
+    exp.add_argument("--smem-limit", type=int, default=None)
+    exp.add_argument("--no-compile", action="store_true", help="skip the NVRTC resource report")
+    exp.add_argument("--json", action="store_true")
+    exp.set_defaults(func=cmd_explain)
+
+    warm = sub.add_parser("warmup", help="precompile every configuration this GPU will use")
+    warm.add_argument("--dtype", action="append", choices=["float16", "bfloat16", "float32"])
+    warm.add_argument("--head-dim", action="append", type=int)
+    warm.add_argument("--smem-limit", type=int, default=None)
+    warm.set_defaults(func=cmd_warmup)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -147,7 +147,15 @@ def _parse_ptxas(log: str, mangled: str) -> dict:
 
 
 def compile_only(config, arch: str) -> CompileReport:
-    """Compile ``config`` for ``arch`` (e.g. ``sm_90``) without a GPU; report resources."""
+    """Compile ``config`` for ``arch`` (e.g. ``sm_90``) without a GPU; report resources.
+
+    Results are reused within a process (keyed by the kernel, its layout check,
+    the architecture and the kernels' hash)."""
+    return _compile_only(config, arch, tuple(_name_expressions(config)), kernels_hash())
+
+
+@functools.lru_cache(maxsize=None)
+def _compile_only(config, arch: str, _names: tuple, _kernels_hash: str) -> CompileReport:
     from cupy.cuda import nvrtc
 
     expr = config.name_expression

@@ -1,0 +1,264 @@
+"""The human-facing views: where a kernel's shared memory goes, and what every
+head dim gets on a device (the capability matrix). Both work for GPUs that are
+not in the machine: planning is pure, and compiling goes through NVRTC for the
+named architecture without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from .compile import CompileReport, compile_only
+from .device import DeviceSpec, resolve_device
+from .layout import Buffer
+from .plan import AttentionProblem, Plan, Rejected, blocks_per_sm, plan_backward, plan_forward
+
+DTYPES = ("float16", "bfloat16", "float32")
+CAPS_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
+
+# Registers are allocated per warp in units of 256 (8 per thread), the rule of
+# the CUDA occupancy calculator for sm_70 and newer.
+_REG_ALLOC_UNIT = 256
+
+
+def blocks_per_sm_by_registers(registers: int, threads: int, device: DeviceSpec) -> int:
+    per_warp = -(-max(registers, 1) * 32 // _REG_ALLOC_UNIT) * _REG_ALLOC_UNIT
+    warps = device.registers_per_sm // per_warp
+    return warps // (threads // 32)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelExplanation:
+    """One kernel of a call: its plan, layout, rejected candidates and compiled resources."""
+
+    role: str  # "forward", "backward dK/dV", "backward dQ"
+    plan: Plan
+    compiled: CompileReport | None = None
+
+    @property
+    def name_expression(self) -> str:
+        return self.plan.config.name_expression
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        return self.plan.layout.buffers
+
+    @property
+    def total(self) -> int:
+        """Dynamic shared memory of the launch, bytes."""
+        return self.plan.smem_bytes
+
+    @property
+    def limit(self) -> int:
+        return self.plan.device.smem_per_block_optin
+
+    @property
+    def rejected(self) -> tuple[Rejected, ...]:
+        return self.plan.rejected
+
+    @property
+    def blocks_per_sm_by_smem(self) -> int:
+        static = self.compiled.static_smem_bytes if self.compiled else 0
+        return blocks_per_sm(self.total + static, self.plan.config.threads, self.plan.device)
+
+    @property
+    def blocks_per_sm_by_registers(self) -> int | None:
+        if self.compiled is None:
+            return None
+        return blocks_per_sm_by_registers(self.compiled.registers, self.plan.config.threads,
+                                          self.plan.device)
+
+    @property
+    def occupancy(self) -> float | None:
+        """Resident warps over the SM's maximum, from shared memory, registers and threads."""
+        by_regs = self.blocks_per_sm_by_registers
+        if by_regs is None:
+            return None
+        d = self.plan.device
+        blocks = min(self.blocks_per_sm_by_smem, by_regs)
+        return blocks * self.plan.config.threads / d.max_threads_per_sm
+
+    def to_dict(self) -> dict:
+        c = self.compiled
+        return {
+            "role": self.role,
+            "name_expression": self.name_expression,
+            "buffers": [dict(name=b.name, shape=list(b.shape), dtype=b.dtype, offset=b.offset,
+                             bytes=b.bytes, note=b.note) for b in self.buffers],
+            "total": self.total,
+            "limit": self.limit,
+            "rejected": [dict(name_expression=r.name_expression, bytes=r.smem_bytes, over_by=r.over_by)
+                         for r in self.rejected],
+            "blocks_per_sm_by_smem": self.blocks_per_sm_by_smem,
+            "blocks_per_sm_by_registers": self.blocks_per_sm_by_registers,
+            "compiled": None if c is None else dict(
+                arch=c.arch, registers=c.registers, spill_store_bytes=c.spill_store_bytes,
+                spill_load_bytes=c.spill_load_bytes, stack_bytes=c.stack_bytes,
+                static_smem_bytes=c.static_smem_bytes),
+        }
+
+    def __str__(self) -> str:
+        lines = [f"{self.role}: {self.name_expression}",
+                 f"  {'buffer':<10} {'shape':<12} {'dtype':<9} {'bytes':>8} {'offset':>8}"]
+        for b in self.buffers:
+            shape = "x".join(str(s) for s in b.shape)
+            note = f"  ({b.note})" if b.note else ""
+            lines.append(f"  {b.name:<10} {shape:<12} {b.dtype:<9} {b.bytes:>8} {b.offset:>8}{note}")
+        pct = 100 * self.total / self.limit
+        lines.append(f"  total {self.total} of {self.limit} bytes opt-in ({pct:.1f}%), "
+                     f"{self.limit - self.total} to spare; {self.blocks_per_sm_by_smem} block(s) "
+                     f"per SM by shared memory")
+        lines.append(f"  chosen because: {self.plan.reason}")
+        for r in self.rejected:
+            lines.append(f"  rejected {r.name_expression}: {r.smem_bytes} bytes, "
+                         f"{r.over_by} over the limit")
+        c = self.compiled
+        if c is not None:
+            lines.append(f"  compiled for {c.arch}: {c.registers} registers, spills "
+                         f"{c.spill_store_bytes} B stored / {c.spill_load_bytes} B loaded, "
+                         f"stack {c.stack_bytes} B, static shared memory {c.static_smem_bytes} B; "
+                         f"{self.blocks_per_sm_by_registers} block(s) per SM by registers, "
+                         f"occupancy {100 * self.occupancy:.0f}%")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    device: DeviceSpec
+    problem: AttentionProblem
+    kernels: tuple[KernelExplanation, ...]
+
+    # The single-kernel fields of the forward (or the first backward kernel),
+    # for the common case of looking at one kernel.
+    @property
+    def buffers(self):
+        return self.kernels[0].buffers
+
+    @property
+    def total(self) -> int:
+        return self.kernels[0].total
+
+    @property
+    def limit(self) -> int:
+        return self.kernels[0].limit
+
+    @property
+    def rejected(self):
+        return self.kernels[0].rejected
+
+    @property
+    def compiled(self):
+        return self.kernels[0].compiled
+
+    def to_dict(self) -> dict:
+        return {"device": dataclasses.asdict(self.device), "problem": dataclasses.asdict(self.problem),
+                "kernels": [k.to_dict() for k in self.kernels]}
+
+    def __str__(self) -> str:
+        p = self.problem
+        head = (f"{self.device.summary()}\n{p.dtype}, head_dim {p.head_dim}"
+                f"{'' if p.head_dim_v == p.head_dim else f' / {p.head_dim_v}'}, "
+                f"{'causal' if p.causal else 'not causal'}, B={p.batch} Hq={p.heads_q} "
+                f"Hkv={p.heads_kv} Sq={p.seqlen_q} Sk={p.seqlen_k}")
+        return "\n\n".join([head] + [str(k) for k in self.kernels])
+
+
+def _kernel_plans(problem: AttentionProblem, spec: DeviceSpec, backward: bool):
+    if not backward:
+        return [("forward", plan_forward(problem, spec))]
+    b = plan_backward(problem, spec)
+    return [("backward dK/dV", b.dkdv), ("backward dQ", b.dq)]
+
+
+def explain(head_dim: int = 128, dtype: str = "float16", *, backward: bool = False,
+            device: "str | DeviceSpec | None" = "current", smem_limit: int | None = None,
+            causal: bool = False, head_dim_v: int | None = None, batch: int = 4, heads: int = 16,
+            heads_kv: int | None = None, seqlen_q: int = 4096, seqlen_k: int | None = None,
+            compile: bool = True) -> Explanation:
+    """Where the shared memory of a call's kernels goes, buffer by buffer.
+
+    ``device`` is ``"current"``, a named GPU (``"rtx6000ada"``, ``"sm_89"``) or a
+    DeviceSpec; ``compile=True`` compiles each kernel through NVRTC for that
+    architecture (no GPU needed) and adds registers, spills, static shared memory
+    and occupancy.
+    """
+    spec = resolve_device(device).with_smem_limit(smem_limit)
+    problem = AttentionProblem(dtype, head_dim, head_dim_v or head_dim, bool(causal), batch, heads,
+                               heads_kv or heads, seqlen_q, seqlen_k or seqlen_q)
+    kernels = []
+    for role, plan in _kernel_plans(problem, spec, backward):
+        report = compile_only(plan.config, spec.arch) if compile else None
+        kernels.append(KernelExplanation(role, plan, report))
+    return Explanation(spec, problem, tuple(kernels))
+
+
+@dataclasses.dataclass(frozen=True)
+class CapabilityRow:
+    head_dim: int
+    dtype: str
+    kernel: KernelExplanation
+
+    def cells(self) -> list[str]:
+        k = self.kernel
+        c = k.compiled
+        by_regs = k.blocks_per_sm_by_registers
+        return [str(self.head_dim), self.dtype, k.role, f"`{k.name_expression}`", str(k.total),
+                f"{100 * k.total / k.limit:.0f}%", str(k.blocks_per_sm_by_smem),
+                "-" if by_regs is None else str(by_regs),
+                "-" if c is None else str(c.registers), "-" if c is None else str(c.spills)]
+
+
+CAPS_COLUMNS = ["head dim", "dtype", "pass", "config", "smem bytes", "of opt-in",
+                "blocks/SM (smem)", "blocks/SM (regs)", "registers", "spill bytes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CapabilityMatrix:
+    device: DeviceSpec
+    causal: bool
+    rows: tuple[CapabilityRow, ...]
+
+    def header(self) -> str:
+        d = self.device
+        return (f"{d.name} ({d.arch}, {d.sm_count} SMs): shared memory per block "
+                f"{d.smem_per_block} default / {d.smem_per_block_optin} opt-in; "
+                f"{d.smem_per_sm} per SM; {d.smem_reserved_per_block} reserved per block. "
+                f"{'Causal' if self.causal else 'Not causal'}, B=4, H=16, S=4096.")
+
+    def to_markdown(self) -> str:
+        lines = [self.header(), "", "| " + " | ".join(CAPS_COLUMNS) + " |",
+                 "|" + "---|" * len(CAPS_COLUMNS)]
+        lines += ["| " + " | ".join(r.cells()) + " |" for r in self.rows]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        cells = [[c.strip("`") for c in r.cells()] for r in self.rows]
+        widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(CAPS_COLUMNS)]
+        fmt = lambda row: "  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip()
+        return "\n".join([self.header(), fmt(CAPS_COLUMNS)] + [fmt(r) for r in cells])
+
+    def to_dict(self) -> dict:
+        return {"device": dataclasses.asdict(self.device), "causal": self.causal,
+                "rows": [dict(head_dim=r.head_dim, dtype=r.dtype, **r.kernel.to_dict()) for r in self.rows]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+
+def capabilities(device: "str | DeviceSpec | None" = "current", *, dtypes=DTYPES,
+                 head_dims=CAPS_HEAD_DIMS, causal: bool = True, smem_limit: int | None = None,
+                 compile: bool = False) -> CapabilityMatrix:
+    """The capability matrix: for each head dim x dtype, the forward and backward
+    kernels the planner picks on ``device`` (B=4, H=16, S=4096), their shared
+    memory and, with ``compile``, registers and spills from NVRTC."""
+    spec = resolve_device(device).with_smem_limit(smem_limit)
+    rows = []
+    for d in head_dims:
+        for dtype in dtypes:
+            problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096)
+            for backward in (False, True):
+                for role, plan in _kernel_plans(problem, spec, backward):
+                    report = compile_only(plan.config, spec.arch) if compile else None
+                    rows.append(CapabilityRow(d, dtype, KernelExplanation(role, plan, report)))
+    return CapabilityMatrix(spec, causal, tuple(rows))
