@@ -154,20 +154,29 @@ def compile_only(config, arch: str) -> CompileReport:
     return _compile_only(config, arch, tuple(_name_expressions(config)), kernels_hash())
 
 
+# NVRTC 13 (CUDA 13) dropped these; NVRTC 12 from pip (nvidia-cuda-nvrtc-cu12,
+# with nvidia-cuda-runtime-cu12's headers) still compiles for them.
+LEGACY_ARCHS = ("sm_70", "sm_72")
+
+
 @functools.lru_cache(maxsize=None)
 def _compile_only(config, arch: str, _names: tuple, _kernels_hash: str) -> CompileReport:
-    from cupy.cuda import nvrtc
-
     expr = config.name_expression
     options = list(NVRTC_OPTIONS) + [f"-arch={arch}", "-Xptxas=-v", f"-I{kernels_dir()}"]
-    options += [f"-I{d}" for d in cuda_include_dirs()]
+    if arch in LEGACY_ARCHS:
+        nvrtc = _LegacyNvrtc.load()
+        options.append(f"-I{nvrtc.include_dir}")
+    else:
+        from cupy.cuda import nvrtc
+
+        options += [f"-I{d}" for d in cuda_include_dirs()]
     prog = nvrtc.createProgram(kernel_source(config), "cupyattn.cu", [], [])
     try:
         for name in _name_expressions(config):
             nvrtc.addNameExpression(prog, name)
         try:
             nvrtc.compileProgram(prog, options)
-        except nvrtc.NVRTCError as exc:
+        except Exception as exc:  # NVRTCError from either binding
             raise CompileError(
                 f"compiling {expr} for {arch} failed ({exc}):\n{nvrtc.getProgramLog(prog)}") from exc
         log = nvrtc.getProgramLog(prog)
@@ -175,3 +184,67 @@ def _compile_only(config, arch: str, _names: tuple, _kernels_hash: str) -> Compi
     finally:
         nvrtc.destroyProgram(prog)
     return CompileReport(expr, arch, log=log, **_parse_ptxas(log, mangled))
+
+
+class _LegacyNvrtc:
+    """The few NVRTC 12 calls compile_only needs, through ctypes, with the same
+    names as CuPy's bindings; for architectures NVRTC 13 no longer targets."""
+
+    _instance = None
+
+    def __init__(self, lib_path: str, include_dir: str):
+        import ctypes
+
+        self._c = ctypes
+        self.lib = ctypes.CDLL(lib_path)
+        self.include_dir = include_dir
+        self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+
+    @classmethod
+    def load(cls) -> "_LegacyNvrtc":
+        if cls._instance is None:
+            try:
+                import nvidia.cuda_nvrtc
+                import nvidia.cuda_runtime
+            except ImportError as exc:
+                raise CompileError(
+                    "compiling for sm_70/sm_72 needs NVRTC 12: pip install nvidia-cuda-nvrtc-cu12 "
+                    "nvidia-cuda-runtime-cu12 (NVRTC 13 no longer targets them)") from exc
+            lib = os.path.join(list(nvidia.cuda_nvrtc.__path__)[0], "lib", "libnvrtc.so.12")
+            inc = os.path.join(list(nvidia.cuda_runtime.__path__)[0], "include")
+            cls._instance = cls(lib, inc)
+        return cls._instance
+
+    def _check(self, status: int):
+        if status != 0:
+            raise CompileError(f"NVRTC 12: {self.lib.nvrtcGetErrorString(status).decode()} ({status})")
+
+    def _strings(self, items):
+        return (self._c.c_char_p * max(1, len(items)))(*[x.encode() for x in items])
+
+    def createProgram(self, src, name, headers, include_names):
+        prog = self._c.c_void_p()
+        self._check(self.lib.nvrtcCreateProgram(self._c.byref(prog), src.encode(), name.encode(),
+                                                0, None, None))
+        return prog
+
+    def addNameExpression(self, prog, expr):
+        self._check(self.lib.nvrtcAddNameExpression(prog, expr.encode()))
+
+    def compileProgram(self, prog, options):
+        self._check(self.lib.nvrtcCompileProgram(prog, len(options), self._strings(options)))
+
+    def getProgramLog(self, prog):
+        size = self._c.c_size_t()
+        self._check(self.lib.nvrtcGetProgramLogSize(prog, self._c.byref(size)))
+        buf = self._c.create_string_buffer(size.value)
+        self._check(self.lib.nvrtcGetProgramLog(prog, buf))
+        return buf.value.decode(errors="replace")
+
+    def getLoweredName(self, prog, expr):
+        out = self._c.c_char_p()
+        self._check(self.lib.nvrtcGetLoweredName(prog, expr.encode(), self._c.byref(out)))
+        return out.value.decode()
+
+    def destroyProgram(self, prog):
+        self._check(self.lib.nvrtcDestroyProgram(self._c.byref(prog)))
