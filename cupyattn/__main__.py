@@ -218,7 +218,11 @@ def main(argv=None) -> int:
     warm.add_argument("--smem-limit", type=int, default=None)
     warm.set_defaults(func=cmd_warmup)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ValueError as exc:  # unknown device name, no plan fits, bad limit: one readable line
+        print(f"cupyattn {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

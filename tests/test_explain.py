@@ -1,0 +1,95 @@
+"""explain / caps: structured results, text, JSON, the committed report, the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cupyattn
+from cupyattn.explain import capabilities, explain, named_devices_markdown
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_explain_backward_on_rtx6000ada_lists_every_buffer_and_fits():
+    e = explain(128, "float32", backward=True, device="rtx6000ada", compile=False)
+    assert [k.role for k in e.kernels] == ["backward dK/dV", "backward dQ"]
+    for k in e.kernels:
+        assert k.limit == 101376 and k.total <= k.limit
+        assert k.total == k.buffers[-1].offset + k.buffers[-1].bytes
+        assert all(r.over_by > 0 for r in k.rejected)
+        text = str(k)
+        for b in k.buffers:
+            assert b.name in text and str(b.bytes) in text
+    assert e.total == e.kernels[0].total and e.compiled is None
+
+
+def test_explain_with_smem_limit_and_rejections():
+    e = explain(256, "float32", device="h200", smem_limit=65536, compile=False)
+    assert e.limit == 65536 and e.total <= 65536
+    assert e.rejected and "over the limit" in str(e)
+
+
+def test_explain_compiles_for_the_named_architecture():
+    pytest.importorskip("cupy")
+    from test_compile import _nvrtc_reason
+
+    if _nvrtc_reason():
+        pytest.skip(_nvrtc_reason())
+    e = explain(64, "float16", device="sm_89", compile=True)
+    c = e.compiled
+    assert c.arch == "sm_89" and c.registers > 0 and c.spills == 0
+    k = e.kernels[0]
+    assert k.blocks_per_sm_by_registers >= 1 and 0 < k.occupancy <= 1
+    assert "registers" in str(e)
+    assert json.loads(json.dumps(e.to_dict()))["kernels"][0]["compiled"]["registers"] == c.registers
+
+
+def test_capability_matrix_rows_text_and_json():
+    m = capabilities("t4", dtypes=("float32",), head_dims=(128, 256))
+    assert len(m.rows) == 2 * 3  # forward, backward dK/dV, backward dQ per head dim
+    assert all(r.kernel.total <= 65536 for r in m.rows)
+    text = str(m)
+    assert "attn_bwd_dq_simt<float, 256" in text and "65536 opt-in" in text
+    data = json.loads(m.to_json())
+    assert data["device"]["smem_per_block_optin"] == 65536 and len(data["rows"]) == 6
+    assert cupyattn.capabilities is capabilities and cupyattn.explain is explain
+
+
+def test_committed_capabilities_report_is_current():
+    committed = (REPO / "docs" / "capabilities.md").read_text()
+    assert committed == named_devices_markdown() + "\n", (
+        "docs/capabilities.md is stale: run python scripts/device_caps.py")
+
+
+def _cli(*args):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "cupyattn", *args], capture_output=True, text=True,
+                          env=env, cwd=REPO)
+
+
+def test_cli_caps_and_explain_on_named_devices():
+    res = _cli("caps", "--device", "rtx6000ada", "--dtype", "float32", "--head-dim", "128")
+    assert res.returncode == 0, res.stderr
+    assert "101376 opt-in" in res.stdout and "attn_fwd_simt<float, 128" in res.stdout
+    res = _cli("explain", "--head-dim", "128", "--dtype", "float32", "--backward", "--device",
+               "rtx6000ada", "--no-compile")
+    assert res.returncode == 0, res.stderr
+    for name in ("k_tile", "v_tile", "q_tile", "do_tile", "of 101376 bytes opt-in"):
+        assert name in res.stdout
+    res = _cli("explain", "--device", "gtx480")
+    assert res.returncode != 0 and "unknown device name 'gtx480'" in res.stderr
+
+
+def test_cli_without_gpu_says_so_in_one_line():
+    from conftest import HAS_GPU
+
+    if HAS_GPU:
+        pytest.skip("a GPU is present")
+    for cmd in (("check",), ("warmup",), ("caps", "--device", "current")):
+        res = _cli(*cmd)
+        assert res.returncode == 1
+        assert len(res.stdout.strip().splitlines()) == 1 and "no usable GPU" in res.stdout
