@@ -62,6 +62,11 @@ def _elem_strides(x) -> tuple[int, int, int]:
     return tuple(np.int64(s // x.itemsize) for s in x.strides[:3])
 
 
+def _rows_16_byte_aligned(x) -> bool:
+    """Every (b, s, h) row of a (B, S, H, D) view starts on a 16-byte boundary."""
+    return x.data.ptr % 16 == 0 and all(st % 16 == 0 for st, n in zip(x.strides[:3], x.shape[:3]) if n > 1)
+
+
 def _ptr(x):
     # Raw pointers: CuPy need not know the dtype (bfloat16 comes from ml_dtypes).
     return np.uint64(x.data.ptr)
@@ -115,9 +120,12 @@ class _Call:
                       "v": (self.B, self.Sk, self.Hkv, self.Dv)}[which]
         return (B, H, S, D) if self.layout == "bhsd" else (B, S, H, D)
 
-    def problem(self) -> AttentionProblem:
+    def problem(self, *others) -> AttentionProblem:
+        """The planning problem; ``others`` (e.g. out) join q, k, v in the alignment check."""
+        arrays = (self.qs, self.ks, self.vs) + tuple(self.bshd(x) for x in others)
         return AttentionProblem(self.dtype, self.D, self.Dv, self.causal_offset is not None,
-                                self.B, self.Hq, self.Hkv, self.Sq, self.Sk)
+                                self.B, self.Hq, self.Hkv, self.Sq, self.Sk,
+                                aligned=all(_rows_16_byte_aligned(x) for x in arrays))
 
     def bshd(self, x):
         return _to_bshd(x, self.layout)
@@ -226,7 +234,7 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
 
     with cupy.cuda.Device(call.device_id):
         spec = _device_for(call, smem_limit)
-        plan = plan_forward(call.problem(), spec)
+        plan = plan_forward(call.problem(out), spec)
         cfg = plan.config
         os_ = call.bshd(out)
         num_m_tiles = -(-call.Sq // cfg.block_m)

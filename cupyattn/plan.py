@@ -37,6 +37,9 @@ class AttentionProblem:
     heads_kv: int = 1
     seqlen_q: int = 1024
     seqlen_k: int = 1024
+    # q, k, v and out rows start on 16-byte boundaries (pointers and batch/seq/head
+    # strides): the tensor-core kernels copy rows with 16-byte cp.async.
+    aligned: bool = True
 
     def __post_init__(self):
         if self.dtype not in CXX_TYPES:
@@ -118,6 +121,51 @@ class FwdSimtConfig(SimtConfig):
     @property
     def accumulators_per_lane(self) -> int:  # O for block_m / num_warps rows
         return self.block_m // self.num_warps * self._words_per_lane(self.head_dim_v_pad) * self.vec
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdMmaConfig:
+    """``attn_fwd_mma``: forward on tensor cores, sm_80+, float16 / bfloat16 (kernels/attn_fwd_mma.cuh)."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_fwd_mma"
+    LAYOUT: ClassVar[str] = "cupyattn::FwdMmaLayout"
+    HEADER: ClassVar[str] = "attn_fwd_mma.cuh"
+    STAGES: ClassVar[int] = 2
+
+    dtype: str
+    head_dim_pad: int  # multiple of 16 (the mma k-step)
+    block_m: int  # 16 query rows per warp
+    block_n: int
+    num_warps: int
+    causal: bool
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32
+
+    @property
+    def name_expression(self) -> str:
+        causal = "true" if self.causal else "false"
+        return (f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {self.head_dim_pad}, {self.block_m}, "
+                f"{self.block_n}, {self.num_warps}, {causal}>")
+
+    @property
+    def layout_expression(self) -> str:
+        return f"{self.LAYOUT}<{CXX_TYPES[self.dtype]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}>"
+
+    @property
+    def layout(self) -> Layout:
+        row = self.head_dim_pad + 8
+        note = "+16 bytes per row: the 8 rows of an ldmatrix phase hit 8 bank groups"
+        return (LayoutBuilder()
+                .add("q_tile", (self.block_m, row), self.dtype, note)
+                .add("k_tile", (self.STAGES, self.block_n, row), self.dtype, f"{self.STAGES} cp.async stages; {note}")
+                .add("v_tile", (self.STAGES, self.block_n, row), self.dtype, f"{self.STAGES} cp.async stages; {note}")
+                .build())
+
+    @property
+    def accumulators_per_lane(self) -> int:  # O (16 x head_dim) and S (16 x block_n) per warp
+        return (self.head_dim_pad + self.block_n) // 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +258,7 @@ class Rejected:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    config: SimtConfig
+    config: "SimtConfig | FwdMmaConfig"
     device: DeviceSpec
     problem: AttentionProblem
     rejected: tuple[Rejected, ...]
@@ -293,6 +341,34 @@ BWD_DKDV_SIMT_TILES = (
     (8, 8, 2),
 )
 MAX_ACCUMULATORS_PER_LANE = 32
+# Tensor-core forward (block_m, block_n, num_warps); each warp owns 16 query rows.
+# 128-row tiles halve the K/V traffic of 64-row ones but need 104 KiB at head
+# dim 128, past the 99 KiB of sm_86 / sm_89; head dims over 128 keep O (128
+# floats per lane at 256) and S in registers only with 32-key tiles.
+FWD_MMA_TILES = (
+    (128, 64, 8),
+    (64, 64, 4),
+    (128, 32, 8),
+    (64, 32, 4),
+    (32, 32, 2),
+    (16, 16, 1),
+)
+MAX_MMA_ACCUMULATORS_PER_LANE = 144
+
+
+def mma_eligible(problem: AttentionProblem, device: DeviceSpec) -> bool:
+    """Whether the tensor-core forward can run this problem on this device."""
+    return (problem.dtype in ("float16", "bfloat16") and device.compute_capability >= (8, 0)
+            and problem.head_dim == problem.head_dim_v and problem.head_dim % 8 == 0
+            and problem.aligned)
+
+
+def _mma_candidates(problem: AttentionProblem, max_block_m: int):
+    d_pad = (problem.head_dim + 15) // 16 * 16
+    for block_m, block_n, warps in FWD_MMA_TILES:
+        cfg = FwdMmaConfig(problem.dtype, d_pad, block_m, block_n, warps, bool(problem.causal))
+        if block_m <= max(16, max_block_m) and cfg.accumulators_per_lane <= MAX_MMA_ACCUMULATORS_PER_LANE:
+            yield cfg
 
 
 def _next_pow2_at_least_8(n: int) -> int:
@@ -343,15 +419,19 @@ def _query_tiles_blocks(problem: AttentionProblem):
 def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
     """The forward configuration for ``problem`` on ``device``.
 
-    Among the candidates whose shared memory fits the device's opt-in limit (the
-    kernels use no static shared memory), take the first in preference order that
+    Candidates: the tensor-core kernel's tiles for float16 / bfloat16 on sm_80+
+    (head_dim == head_dim_v, a multiple of 8, 16-byte aligned rows), then the
+    SIMT kernel's. Among those whose shared memory fits the device's opt-in limit
+    (the kernels use no static shared memory), take the first in preference order that
     also gives at least one full wave of blocks; if none fills the GPU (small
     batch x heads x seqlen_q), take the fitting one with the most blocks. Query
     tiles never exceed the query length rounded up to a power of two (at least 8),
     and tiles whose accumulators would not fit in registers are not considered.
     """
-    configs = _candidates(FwdSimtConfig, FWD_SIMT_TILES, problem,
-                          _next_pow2_at_least_8(problem.seqlen_q), 64)
+    max_block_m = _next_pow2_at_least_8(problem.seqlen_q)
+    configs = list(_candidates(FwdSimtConfig, FWD_SIMT_TILES, problem, max_block_m, 64))
+    if mma_eligible(problem, device):  # tensor cores first, CUDA cores if no tile fits
+        configs = list(_mma_candidates(problem, max_block_m)) + configs
     return _choose("forward", configs, problem, device, _query_tiles_blocks(problem))
 
 

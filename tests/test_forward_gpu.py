@@ -183,3 +183,13 @@ def test_compiled_kernel_opts_in_to_exactly_the_planned_bytes():
     assert plan.smem_bytes > spec.smem_per_block  # past the 48 KiB default
     kernel = get_kernel(plan.config, spec)
     assert kernel.max_dynamic_shared_size_bytes == plan.smem_bytes
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_long_sequences_on_the_planned_kernel(dtype, D, causal):
+    """Many K/V tiles (pipeline stages wrap many times); Sq != Sk, not multiples of the tiles."""
+    rows = np.sort(np.random.default_rng(D).choice(1000, 128, replace=False))
+    run_and_check(B=2, Sq=1000, Sk=1531, Hq=4, Hkv=2, D=D, Dv=D, dtype=dtype, causal=causal,
+                  rows=rows, seed=D + causal)

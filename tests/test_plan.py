@@ -149,3 +149,29 @@ def test_backward_is_planned_apart_from_the_forward():
     assert names == ["k_tile", "v_tile", "q_tile", "do_tile"]
     assert [b.name for b in bwd.dq.layout] == ["q_tile", "do_tile", "k_tile", "v_tile"]
     assert "attn_bwd_delta" in bwd.describe() and "attn_bwd_dkdv_simt" in bwd.describe()
+
+
+def test_tensor_core_forward_is_chosen_only_where_it_can_run():
+    from cupyattn.plan import FwdMmaConfig
+
+    def cfg(dtype="float16", d=128, dv=None, device="h100", aligned=True):
+        problem = AttentionProblem(dtype, d, dv or d, True, 4, 16, 16, 4096, 4096, aligned=aligned)
+        return plan_forward(problem, named_device(device)).config
+
+    assert isinstance(cfg(), FwdMmaConfig) and isinstance(cfg("bfloat16", 256), FwdMmaConfig)
+    assert cfg(device="rtx3090").block_m == 64  # 128-row tiles need 104448 > 101376 bytes
+    assert isinstance(cfg(d=40, device="a100"), FwdMmaConfig)  # 40 pads to 48
+    assert isinstance(cfg("float32"), FwdSimtConfig)
+    assert isinstance(cfg(device="t4"), FwdSimtConfig)  # m16n8k16 needs sm_80
+    assert isinstance(cfg(d=100), FwdSimtConfig)  # rows not a multiple of 16 bytes
+    assert isinstance(cfg(d=128, dv=64), FwdSimtConfig)
+    assert isinstance(cfg(aligned=False), FwdSimtConfig)
+
+
+def test_tensor_core_layout_names_its_pipeline_stages_and_padding():
+    from cupyattn.plan import FwdMmaConfig
+
+    lay = FwdMmaConfig("bfloat16", 128, 64, 64, 4, False).layout
+    assert [b.name for b in lay] == ["q_tile", "k_tile", "v_tile"]
+    assert lay["k_tile"].shape == (2, 64, 136) and "2 cp.async stages" in lay["k_tile"].note
+    assert lay.total == 64 * 136 * 2 + 2 * (2 * 64 * 136 * 2)

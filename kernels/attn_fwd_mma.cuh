@@ -1,0 +1,212 @@
+// Forward attention on tensor cores (sm_80+): float16 / bfloat16, float32 accumulation.
+//
+// Algorithm (FlashAttention-2): each warp owns 16 query rows; per K/V tile,
+// S = Q K^T with mma.sync m16n8k16 (Q and K fragments by ldmatrix), online
+// softmax on the accumulators in base 2 with the scale folded in, P packed to
+// the input type straight from the S accumulators, O += P V (V fragments by
+// ldmatrix.trans). K/V tiles stream through a two-stage cp.async pipeline:
+// tile j + 1 loads while tile j is computed. Tiles that lie wholly below the
+// causal diagonal skip the mask arithmetic.
+//
+// Needs: head_dim == head_dim_v, head_dim % 8 == 0, 16-byte aligned rows (the
+// planner checks; otherwise the SIMT kernel runs).
+//
+// Grid: as attn_fwd_simt (query_block). Block: NUM_WARPS warps, BLOCK_M = 16 * NUM_WARPS.
+//
+// Shared memory (FwdMmaLayout; same names and order as plan.FwdMmaConfig.layout):
+//   q_tile [BLOCK_M][D_PAD + 8]            T
+//   k_tile [2][BLOCK_N][D_PAD + 8]         T   two pipeline stages
+//   v_tile [2][BLOCK_N][D_PAD + 8]         T
+// Each row is padded by 16 bytes, so the 8 rows one ldmatrix phase reads fall
+// in 8 different 16-byte bank groups (row stride = 16 mod 128 bytes).
+#pragma once
+
+#include "mma.cuh"
+#include "simt_tiles.cuh"
+
+namespace cupyattn {
+
+template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N>
+struct FwdMmaLayout {
+    static constexpr int STRIDE = D_PAD + 8;  // elements per padded row
+    static constexpr int STAGES = 2;
+    static constexpr int q_tile = 0;
+    static constexpr int k_tile = align16(q_tile + BLOCK_M * STRIDE * (int)sizeof(T));
+    static constexpr int v_tile = align16(k_tile + STAGES * BLOCK_N * STRIDE * (int)sizeof(T));
+    static constexpr int total = v_tile + STAGES * BLOCK_N * STRIDE * (int)sizeof(T);
+    static constexpr int num_buffers = 3;
+    static constexpr int offsets[num_buffers] = {q_tile, k_tile, v_tile};
+};
+
+template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+             T* __restrict__ out, float* __restrict__ lse,
+             long long q_sb, long long q_ss, long long q_sh,
+             long long k_sb, long long k_ss, long long k_sh,
+             long long v_sb, long long v_ss, long long v_sh,
+             long long o_sb, long long o_ss, long long o_sh,
+             int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
+             int head_dim, int head_dim_v, int num_m_tiles,
+             float scale_log2, int causal_offset) {
+    using L = FwdMmaLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
+    constexpr int THREADS = NUM_WARPS * 32;
+    constexpr int STRIDE = L::STRIDE;
+    constexpr int N_BLOCKS = BLOCK_N / 8;  // 8-key column blocks of S
+    constexpr int D_BLOCKS = D_PAD / 8;    // 8-wide column blocks of O
+    static_assert(BLOCK_M == 16 * NUM_WARPS, "each warp owns 16 query rows");
+    static_assert(D_PAD % 16 == 0 && BLOCK_N % 16 == 0, "mma k-steps are 16 wide");
+
+    extern __shared__ __align__(16) unsigned char smem[];
+    T* q_tile = reinterpret_cast<T*>(smem + L::q_tile);
+    T* k_tile = reinterpret_cast<T*>(smem + L::k_tile);
+    T* v_tile = reinterpret_cast<T*>(smem + L::v_tile);
+
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const QueryBlock qb = query_block<BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
+    const int m0 = qb.m0;
+    q += qb.b * q_sb + qb.h * q_sh + m0 * q_ss;
+    k += qb.b * k_sb + qb.h_kv * k_sh;
+    v += qb.b * v_sb + qb.h_kv * v_sh;
+    out += qb.b * o_sb + qb.h * o_sh + m0 * o_ss;
+    lse += (qb.b * n_heads_q + qb.h) * (long long)seqlen_q + m0;
+
+    int n_end = seqlen_k;
+    if (CAUSAL) {
+        const int last_row = min(m0 + BLOCK_M, seqlen_q) - 1;
+        n_end = max(0, min(seqlen_k, last_row + causal_offset + 1));
+    }
+    const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+
+    auto load_kv = [&](int tile) {
+        const int n0 = tile * BLOCK_N, stage = tile % 2;
+        cp_async_tile<T, BLOCK_N, D_PAD, STRIDE, THREADS>(k_tile + stage * BLOCK_N * STRIDE, k + n0 * k_ss,
+                                                          k_ss, seqlen_k - n0, head_dim);
+        cp_async_tile<T, BLOCK_N, D_PAD, STRIDE, THREADS>(v_tile + stage * BLOCK_N * STRIDE, v + n0 * v_ss,
+                                                          v_ss, seqlen_k - n0, head_dim_v);
+    };
+    cp_async_tile<T, BLOCK_M, D_PAD, STRIDE, THREADS>(q_tile, q, q_ss, seqlen_q - m0, head_dim);
+    if (n_tiles > 0) load_kv(0);
+    cp_async_commit();
+
+    float o_acc[D_BLOCKS][4];
+#pragma unroll
+    for (int j = 0; j < D_BLOCKS; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_acc[j][e] = 0.0f;
+    float m_run[2] = {CUPYATTN_NEG_INF, CUPYATTN_NEG_INF};  // rows g and g + 8
+    float l_run[2] = {0.0f, 0.0f};
+    const int row0 = m0 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
+    // Row addresses this lane hands to ldmatrix (see mma.cuh for the mapping).
+    const int mi = lane / 8, rr = lane % 8;
+    const T* q_frag_row = q_tile + (warp * 16 + rr + (mi & 1) * 8) * STRIDE + (mi >> 1) * 8;
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        if (tile + 1 < n_tiles) load_kv(tile + 1);  // the other stage, free since the last barrier
+        cp_async_commit();
+        cp_async_wait<1>();  // everything but the newest group has landed: Q and this tile
+        __syncthreads();
+
+        const T* ks = k_tile + (tile % 2) * BLOCK_N * STRIDE;
+        const T* vs = v_tile + (tile % 2) * BLOCK_N * STRIDE;
+        const int n0 = tile * BLOCK_N;
+
+        float s[N_BLOCKS][4];
+#pragma unroll
+        for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D_PAD; kk += 16) {
+            unsigned a[4];
+            ldmatrix_x4(a, q_frag_row + kk);
+#pragma unroll
+            for (int j = 0; j < N_BLOCKS; j += 2) {
+                unsigned b[4];  // b0, b1 of key blocks j and j + 1
+                ldmatrix_x4(b, ks + (j * 8 + (mi >> 1) * 8 + rr) * STRIDE + kk + (mi & 1) * 8);
+                mma_16816(s[j], a, b[0], b[1], T());
+                mma_16816(s[j + 1], a, b[2], b[3], T());
+            }
+        }
+
+        // Mask only tiles that reach past the sequence end or the causal diagonal.
+        const bool needs_mask = n0 + BLOCK_N > seqlen_k ||
+                                (CAUSAL && n0 + BLOCK_N - 1 > m0 + warp * 16 + causal_offset);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = row0 + half * 8;
+            float row_max = CUPYATTN_NEG_INF;
+#pragma unroll
+            for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[j][half * 2 + e];
+                    const int col = n0 + j * 8 + 2 * t + e;
+                    const bool visible = !needs_mask ||
+                                         (col < seqlen_k && (!CAUSAL || col <= row + causal_offset));
+                    x = visible ? x * scale_log2 : CUPYATTN_NEG_INF;
+                    row_max = fmaxf(row_max, x);
+                }
+            row_max = group_max<4>(row_max);  // the 4 lanes of a quad share a row
+            const float m_new = fmaxf(m_run[half], row_max);
+            const float base = m_new == CUPYATTN_NEG_INF ? 0.0f : m_new;
+            const float alpha = exp2f(m_run[half] - base);
+            float row_sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[j][half * 2 + e];
+                    x = exp2f(x - base);
+                    row_sum += x;
+                }
+            l_run[half] = l_run[half] * alpha + group_sum<4>(row_sum);
+            m_run[half] = m_new;
+#pragma unroll
+            for (int j = 0; j < D_BLOCKS; ++j) {
+                o_acc[j][half * 2] *= alpha;
+                o_acc[j][half * 2 + 1] *= alpha;
+            }
+        }
+
+        // O += P V, 16 keys (two S blocks = one A fragment) per k-step.
+#pragma unroll
+        for (int kb = 0; kb < N_BLOCKS; kb += 2) {
+            unsigned a[4];
+            a[0] = MmaType<T>::pack(s[kb][0], s[kb][1]);
+            a[1] = MmaType<T>::pack(s[kb][2], s[kb][3]);
+            a[2] = MmaType<T>::pack(s[kb + 1][0], s[kb + 1][1]);
+            a[3] = MmaType<T>::pack(s[kb + 1][2], s[kb + 1][3]);
+#pragma unroll
+            for (int j = 0; j < D_BLOCKS; j += 2) {
+                unsigned b[4];  // b0, b1 of value columns j and j + 1
+                ldmatrix_x4_trans(b, vs + (kb * 8 + (mi & 1) * 8 + rr) * STRIDE + j * 8 + (mi >> 1) * 8);
+                mma_16816(o_acc[j], a, b[0], b[1], T());
+                mma_16816(o_acc[j + 1], a, b[2], b[3], T());
+            }
+        }
+        __syncthreads();  // this stage is free for the load two tiles ahead
+    }
+    cp_async_wait<0>();
+
+    // O /= l; rows that saw no key get O = 0 and lse = -inf.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = warp * 16 + g + half * 8;
+        if (m0 + r >= seqlen_q) continue;
+        const float inv_l = l_run[half] > 0.0f ? 1.0f / l_run[half] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < D_BLOCKS; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int d = j * 8 + 2 * t + e;
+                if (d < head_dim_v) out[r * o_ss + d] = Elem<T>::from_float(o_acc[j][half * 2 + e] * inv_l);
+            }
+        if (t == 0)
+            lse[r] = l_run[half] > 0.0f ? (m_run[half] + log2f(l_run[half])) * LN2 : CUPYATTN_NEG_INF;
+    }
+}
+
+}  // namespace cupyattn
