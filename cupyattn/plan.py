@@ -326,13 +326,14 @@ FWD_SIMT_TILES = (
 )
 # dK/dV: a block keeps block_n keys (K, V and their dK, dV accumulators) and
 # streams Q/dO tiles of block_m rows; warps split the keys, so the accumulator
-# cap (dK + dV per key) leaves 4 keys per warp at head dim 128, 2 at 256.
+# cap (dK + dV per key) leaves 4 keys per warp at head dim 128, 2 at 256. No
+# 16-warp tiles: at 512 threads a lane gets 128 registers, and ptxas spilled
+# (up to 340 bytes) for sm_100 and sm_120 at float32 head dims 64 and 96.
 BWD_DKDV_SIMT_TILES = (
-    (64, 64, 16),
+    (64, 64, 8),
     (64, 32, 8),
-    (32, 64, 16),
+    (32, 64, 8),
     (32, 32, 8),
-    (32, 32, 16),
     (32, 16, 8),
     (16, 16, 4),
     (16, 16, 8),

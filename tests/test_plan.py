@@ -91,12 +91,13 @@ def test_no_fit_error_lists_every_candidate_and_the_limit():
 
 def test_short_queries_get_short_tiles_and_small_grids_more_blocks():
     spec = named_device("h100")
-    decode = plan_forward(AttentionProblem("float16", 128, 128, False, 1, 8, 1, 1, 4096), spec)
-    assert decode.config.block_m == 8
-    big = plan_forward(AttentionProblem("float16", 128, 128, False, 8, 16, 16, 8192, 8192), spec)
-    assert big.config.block_m == 64
-    small = plan_forward(AttentionProblem("float16", 64, 64, False, 1, 2, 2, 512, 512), spec)
-    assert small.config.block_m < 64  # 1 x 2 x 8 tiles of 64 rows would leave most SMs idle
+    for dtype in ("float16", "float32"):  # tensor-core and SIMT tiles
+        decode = plan_forward(AttentionProblem(dtype, 128, 128, False, 1, 8, 1, 1, 4096), spec)
+        assert decode.config.block_m == (16 if dtype == "float16" else 8)
+        big = plan_forward(AttentionProblem(dtype, 128, 128, False, 8, 16, 16, 8192, 8192), spec)
+        assert big.config.block_m == (128 if dtype == "float16" else 64)
+        small = plan_forward(AttentionProblem(dtype, 64, 64, False, 1, 2, 2, 512, 512), spec)
+        assert small.config.block_m < big.config.block_m  # big tiles would leave most SMs idle
 
 
 def test_blocks_per_sm_counts_reserved_shared_memory():
