@@ -100,7 +100,8 @@ class CompileReport:
     spill_load_bytes: int
     stack_bytes: int
     static_smem_bytes: int
-    log: str
+    log: str = dataclasses.field(repr=False)
+    cubin: bytes = dataclasses.field(default=b"", repr=False)
 
     @property
     def spills(self) -> int:
@@ -154,36 +155,163 @@ def compile_only(config, arch: str) -> CompileReport:
     return _compile_only(config, arch, tuple(_name_expressions(config)), kernels_hash())
 
 
-# NVRTC 13 (CUDA 13) dropped these; NVRTC 12 from pip (nvidia-cuda-nvrtc-cu12,
-# with nvidia-cuda-runtime-cu12's headers) still compiles for them.
+# NVRTC 13 (CUDA 13) dropped these; NVRTC 12 still compiles for them.
 LEGACY_ARCHS = ("sm_70", "sm_72")
 
 
 @functools.lru_cache(maxsize=None)
 def _compile_only(config, arch: str, _names: tuple, _kernels_hash: str) -> CompileReport:
     expr = config.name_expression
+    nvrtc = _Nvrtc.for_arch(arch)
     options = list(NVRTC_OPTIONS) + [f"-arch={arch}", "-Xptxas=-v", f"-I{kernels_dir()}"]
-    if arch in LEGACY_ARCHS:
-        nvrtc = _LegacyNvrtc.load()
-        options.append(f"-I{nvrtc.include_dir}")
-    else:
-        from cupy.cuda import nvrtc
-
-        options += [f"-I{d}" for d in cuda_include_dirs()]
-    prog = nvrtc.createProgram(kernel_source(config), "cupyattn.cu", [], [])
+    options += [f"-I{d}" for d in nvrtc.include_dirs]
+    prog = nvrtc.create_program(kernel_source(config), "cupyattn.cu")
     try:
         for name in _name_expressions(config):
-            nvrtc.addNameExpression(prog, name)
+            nvrtc.add_name_expression(prog, name)
         try:
-            nvrtc.compileProgram(prog, options)
-        except Exception as exc:  # NVRTCError from either binding
+            nvrtc.compile_program(prog, options)
+        except CompileError as exc:
             raise CompileError(
-                f"compiling {expr} for {arch} failed ({exc}):\n{nvrtc.getProgramLog(prog)}") from exc
-        log = nvrtc.getProgramLog(prog)
-        mangled = nvrtc.getLoweredName(prog, expr)
+                f"compiling {expr} for {arch} failed ({exc}):\n{nvrtc.program_log(prog)}") from exc
+        log = nvrtc.program_log(prog)
+        mangled = nvrtc.lowered_name(prog, expr)
+        cubin = nvrtc.cubin(prog)
     finally:
-        nvrtc.destroyProgram(prog)
-    return CompileReport(expr, arch, log=log, **_parse_ptxas(log, mangled))
+        nvrtc.destroy_program(prog)
+    return CompileReport(expr, arch, log=log, cubin=cubin, **_parse_ptxas(log, mangled))
+
+
+class _Nvrtc:
+    """The NVRTC calls compile_only needs, through ctypes: NVRTC 13 (the one CuPy
+    loads) for current architectures; NVRTC 12 from pip (nvidia-cuda-nvrtc-cu12,
+    with nvidia-cuda-runtime-cu12's headers) for sm_70 / sm_72, which NVRTC 13
+    dropped. (CuPy's own bindings truncate getCUBIN's result, hence ctypes.)"""
+
+    _loaded: dict = {}
+
+    def __init__(self, lib_path: str, include_dirs: list[str]):
+        import ctypes
+
+        self._c = ctypes
+        self.lib = ctypes.CDLL(lib_path)
+        self.include_dirs = include_dirs
+        self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+
+    @classmethod
+    def for_arch(cls, arch: str) -> "_Nvrtc":
+        legacy = arch in LEGACY_ARCHS
+        if legacy not in cls._loaded:
+            cls._loaded[legacy] = cls._load_legacy() if legacy else cls._load_current()
+        return cls._loaded[legacy]
+
+    @classmethod
+    def _load_current(cls) -> "_Nvrtc":
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        return cls(load_nvidia_dynamic_lib("nvrtc").abs_path, cuda_include_dirs())
+
+    @classmethod
+    def _load_legacy(cls) -> "_Nvrtc":
+        try:
+            import nvidia.cuda_nvrtc
+            import nvidia.cuda_runtime
+        except ImportError as exc:
+            raise CompileError(
+                "compiling for sm_70/sm_72 needs NVRTC 12: pip install nvidia-cuda-nvrtc-cu12 "
+                "nvidia-cuda-runtime-cu12 (NVRTC 13 no longer targets them)") from exc
+        lib = os.path.join(list(nvidia.cuda_nvrtc.__path__)[0], "lib", "libnvrtc.so.12")
+        inc = os.path.join(list(nvidia.cuda_runtime.__path__)[0], "include")
+        return cls(lib, [inc])
+
+    def _check(self, status: int):
+        if status != 0:
+            raise CompileError(f"{self.lib.nvrtcGetErrorString(status).decode()} ({status})")
+
+    def create_program(self, src: str, name: str):
+        prog = self._c.c_void_p()
+        self._check(self.lib.nvrtcCreateProgram(self._c.byref(prog), src.encode(), name.encode(),
+                                                0, None, None))
+        return prog
+
+    def add_name_expression(self, prog, expr: str):
+        self._check(self.lib.nvrtcAddNameExpression(prog, expr.encode()))
+
+    def compile_program(self, prog, options: list[str]):
+        opts = (self._c.c_char_p * len(options))(*[o.encode() for o in options])
+        self._check(self.lib.nvrtcCompileProgram(prog, len(options), opts))
+
+    def _blob(self, prog, size_fn, get_fn) -> bytes:
+        size = self._c.c_size_t()
+        self._check(size_fn(prog, self._c.byref(size)))
+        buf = self._c.create_string_buffer(size.value)
+        self._check(get_fn(prog, buf))
+        return buf.raw[:size.value]
+
+    def program_log(self, prog) -> str:
+        raw = self._blob(prog, self.lib.nvrtcGetProgramLogSize, self.lib.nvrtcGetProgramLog)
+        return raw.rstrip(b"\0").decode(errors="replace")
+
+    def cubin(self, prog) -> bytes:
+        return self._blob(prog, self.lib.nvrtcGetCUBINSize, self.lib.nvrtcGetCUBIN)
+
+    def lowered_name(self, prog, expr: str) -> str:
+        out = self._c.c_char_p()
+        self._check(self.lib.nvrtcGetLoweredName(prog, expr.encode(), self._c.byref(out)))
+        return out.value.decode()
+
+    def destroy_program(self, prog):
+        self._check(self.lib.nvrtcDestroyProgram(self._c.byref(prog)))
+
+
+def sass(report: CompileReport) -> str:
+    """Disassembly of a compile_only result (cuobjdump from pip's or the system's CUDA)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    candidates = [shutil.which("cuobjdump")]
+    try:
+        import cupy.cuda
+
+        candidates.append(os.path.join(cupy.cuda.get_cuda_path() or "", "bin", "cuobjdump"))
+    except Exception:
+        pass
+    tool = next((c for c in candidates if c and os.path.isfile(c)), None)
+    if tool is None:
+        raise FileNotFoundError("cuobjdump not found: pip install 'cuda-toolkit[cuobjdump]'")
+    if not report.cubin:
+        raise ValueError(f"no CUBIN kept for {report.name_expression} ({report.arch})")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(report.cubin)
+        f.flush()
+        return subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def sass(report: CompileReport) -> str:
+    """Disassembly of a compile_only result (cuobjdump from pip's or the system's CUDA)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    candidates = [shutil.which("cuobjdump")]
+    try:
+        import cupy.cuda
+
+        candidates.append(os.path.join(cupy.cuda.get_cuda_path() or "", "bin", "cuobjdump"))
+    except Exception:
+        pass
+    tool = next((c for c in candidates if c and os.path.isfile(c)), None)
+    if tool is None:
+        raise FileNotFoundError("cuobjdump not found: pip install 'cuda-toolkit[cuobjdump]'")
+    if not report.cubin:
+        raise ValueError(f"no CUBIN kept for {report.name_expression} ({report.arch})")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(report.cubin)
+        f.flush()
+        return subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
 
 
 class _LegacyNvrtc:

@@ -16,10 +16,8 @@ from cupyattn.plan import AttentionProblem, FwdSimtConfig, check_expression, pla
 
 def _nvrtc_reason():
     try:
-        from cupy.cuda import nvrtc
-
-        nvrtc.getVersion()
-        cc._LegacyNvrtc.load()
+        cc._Nvrtc.for_arch("sm_90")
+        cc._Nvrtc.for_arch("sm_70")
     except Exception as exc:
         return f"NVRTC 13 and 12 not both available ({type(exc).__name__}: {exc})"
     if not cc.cuda_include_dirs():
@@ -102,3 +100,21 @@ def test_installed_package_finds_its_kernels(tmp_path):
         pytest.skip("cupyattn is installed in editable mode")
     assert kernels == pkg / "kernels"
     assert (kernels / "attn_fwd_simt.cuh").is_file()
+
+
+@pytest.mark.parametrize("arch,device", [("sm_80", "a100"), ("sm_90", "h100")])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_tensor_core_forward_sass_has_hmma_and_no_local_memory(arch, device, dtype, d):
+    from cupyattn.plan import FwdMmaConfig
+
+    cfg = plan_forward(AttentionProblem(dtype, d, d, True, 4, 16, 16, 4096, 4096), named_device(device)).config
+    assert isinstance(cfg, FwdMmaConfig)
+    try:
+        text = cc.sass(cc.compile_only(cfg, arch))
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    assert "HMMA.16816.F32" in text  # m16n8k16, float32 accumulate
+    assert "LDSM" in text  # ldmatrix
+    assert "LDGSTS" in text  # cp.async
+    assert "LDL" not in text and "STL" not in text  # nothing spilled to local memory

@@ -193,3 +193,26 @@ def test_long_sequences_on_the_planned_kernel(dtype, D, causal):
     rows = np.sort(np.random.default_rng(D).choice(1000, 128, replace=False))
     run_and_check(B=2, Sq=1000, Sk=1531, Hq=4, Hkv=2, D=D, Dv=D, dtype=dtype, causal=causal,
                   rows=rows, seed=D + causal)
+
+
+def test_long_context_forward_needs_only_the_lse_as_workspace():
+    """B=1, H=16, S=65536, D=128 bf16: no Sq x Sk buffer, only out and the O(S) lse."""
+    import cupy
+
+    B, S, H, D = 1, 65536, 16, 128
+    rng = np.random.default_rng(12)
+    hq, hk, hv = (testing.host_values((B, S, H, D), "bfloat16", rng) for _ in range(3))
+    q, k, v = (testing.to_device(x, "bfloat16") for x in (hq, hk, hv))
+    out = testing.to_device(np.zeros((B, S, H, D), np.float32), "bfloat16")
+    cupyattn.attention(q[:, :64], k[:, :64], v[:, :64], causal=True)  # compile outside the count
+    pool = cupy.get_default_memory_pool()
+    cupy.cuda.Device().synchronize()
+    before = pool.used_bytes()
+    _, lse = cupyattn.attention(q, k, v, causal=True, out=out, return_lse=True)
+    cupy.cuda.Device().synchronize()
+    assert pool.used_bytes() - before == lse.nbytes == 4 * B * H * S
+    rows = np.array([0, 1, 4095, 40000, S - 1])
+    ref, _ = attention_reference(hq, hk, hv, causal=True, rows=rows)
+    ref_p, _ = attention_reference(hq, hk, hv, causal=True, rows=rows, precision="bfloat16")
+    cmp = testing.compare(testing.to_host(out)[:, rows], ref, ref_p, "bfloat16", S)
+    assert cmp.ok, str(cmp)
