@@ -38,17 +38,57 @@ def _gpu_available() -> str | None:
     return None if n > 0 else "no CUDA device found"
 
 
+def _check_case(dtype, shape, rng, spec, smem_limit, backward):
+    """Run one shape against the float64 reference; returns (ok, ms, config names, detail)."""
+    import cupy
+
+    from . import api, testing
+    from .plan import plan_backward, plan_forward
+    from .reference import attention_backward_reference, attention_reference
+
+    B, Sq, Sk, Hq, Hkv, D, causal = shape
+    hq = testing.host_values((B, Sq, Hq, D), dtype, rng)
+    hk = testing.host_values((B, Sk, Hkv, D), dtype, rng)
+    hv = testing.host_values((B, Sk, Hkv, D), dtype, rng)
+    q, k, v = (testing.to_device(x, dtype) for x in (hq, hk, hv))
+    out = cupy.empty((B, Sq, Hq, D), dtype=q.dtype)
+    testing.poison(out)
+    run = lambda: api.attention(q, k, v, causal=causal, out=out, return_lse=True, smem_limit=smem_limit)
+    _, lse = run()
+    problem = api._validate(q, k, v, causal, None, "bshd").problem(out)
+    if not backward:
+        rows = np.sort(rng.choice(Sq, size=min(Sq, CHECK_ROWS), replace=False))
+        ref, ref_lse = attention_reference(hq, hk, hv, causal=causal, rows=rows)
+        ref_p, _ = attention_reference(hq, hk, hv, causal=causal, rows=rows, precision=dtype)
+        cmp = testing.compare(testing.to_host(out)[:, rows], ref, ref_p, dtype, Sk)
+        lse_ok = np.allclose(cupy.asnumpy(lse)[:, :, rows], ref_lse, rtol=1e-4, atol=1e-4)
+        detail = f"{cmp}; lse {'ok' if lse_ok else 'mismatch'}"
+        return cmp.ok and lse_ok, testing.median_ms(run), [plan_forward(problem, spec).config.name_expression], detail
+    hdo = testing.host_values((B, Sq, Hq, D), dtype, rng)
+    dout = testing.to_device(hdo, dtype)
+    grads = [cupy.empty_like(x) for x in (q, k, v)]
+    for g in grads:
+        testing.poison(g)
+    bwd = lambda: api.attention_backward(dout, q, k, v, out, lse, causal=causal, dq=grads[0], dk=grads[1],
+                                         dv=grads[2], smem_limit=smem_limit)
+    bwd()
+    ref = attention_backward_reference(hdo, hq, hk, hv, causal=causal)
+    ref_p = attention_backward_reference(hdo, hq, hk, hv, causal=causal, precision=dtype)
+    cmps = [testing.compare(testing.to_host(g), r, rp, dtype, max(Sq * Hq // Hkv, Sk), factor=3.0)
+            for g, r, rp in zip(grads, ref, ref_p)]
+    bp = plan_backward(problem, spec)
+    names = [bp.dkdv.config.name_expression, bp.dq.config.name_expression]
+    detail = "; ".join(f"{n}: {c}" for n, c in zip(("dq", "dk", "dv"), cmps))
+    return all(c.ok for c in cmps), testing.median_ms(bwd), names, detail
+
+
 def cmd_check(args) -> int:
     reason = _gpu_available()
     if reason is not None:
         print(f"cupyattn check: no usable GPU ({reason}); nothing to check")
         return 1
-    import cupy
-
-    from . import api, testing
+    from . import testing
     from .device import current_device
-    from .plan import AttentionProblem, plan_forward
-    from .reference import attention_reference, causal_offset
 
     spec = current_device().with_smem_limit(args.smem_limit)
     print(spec.summary())
@@ -57,33 +97,19 @@ def cmd_check(args) -> int:
     if testing.bfloat16_dtype() is None:
         print("bfloat16 skipped: install ml_dtypes to create bfloat16 arrays")
         dtypes.remove("bfloat16")
-    cases = [(dt, shape) for dt in dtypes for shape in CHECK_SHAPES] + [("float32", SEED_SHAPE)]
+    cases = [(dt, shape, bwd) for dt in dtypes for shape in CHECK_SHAPES for bwd in (False, True)]
+    cases.append(("float32", SEED_SHAPE, False))
     failures = 0
-    header = f"{'dtype':<9} {'B':>2} {'Sq':>5} {'Sk':>5} {'Hq':>3} {'Hkv':>3} {'D':>4} {'causal':<12} {'ms':>8}  result  config"
-    print(header)
-    for dtype, (B, Sq, Sk, Hq, Hkv, D, causal) in cases:
-        hq = testing.host_values((B, Sq, Hq, D), dtype, rng)
-        hk = testing.host_values((B, Sk, Hkv, D), dtype, rng)
-        hv = testing.host_values((B, Sk, Hkv, D), dtype, rng)
-        q, k, v = (testing.to_device(x, dtype) for x in (hq, hk, hv))
-        out = cupy.empty((B, Sq, Hq, D), dtype=q.dtype)
-        testing.poison(out)
-        _, lse = api.attention(q, k, v, causal=causal, out=out, return_lse=True, smem_limit=args.smem_limit)
-        cupy.cuda.Device().synchronize()
-        rows = np.sort(rng.choice(Sq, size=min(Sq, CHECK_ROWS), replace=False))
-        ref, ref_lse = attention_reference(hq, hk, hv, causal=causal, rows=rows)
-        ref_p, _ = attention_reference(hq, hk, hv, causal=causal, rows=rows, precision=dtype)
-        cmp = testing.compare(testing.to_host(out)[:, rows], ref, ref_p, dtype, Sk)
-        lse_ok = np.allclose(cupy.asnumpy(lse)[:, :, rows], ref_lse, rtol=1e-4, atol=1e-4)
-        ms = testing.median_ms(lambda: api.attention(q, k, v, causal=causal, out=out, smem_limit=args.smem_limit))
-        ok = cmp.ok and lse_ok
+    print(f"{'pass':<4} {'dtype':<9} {'B':>2} {'Sq':>5} {'Sk':>5} {'Hq':>3} {'Hkv':>3} {'D':>4} "
+          f"{'causal':<10} {'ms':>8}  result  config")
+    for dtype, shape, backward in cases:
+        ok, ms, names, detail = _check_case(dtype, shape, rng, spec, args.smem_limit, backward)
         failures += not ok
-        problem = AttentionProblem(dtype, D, D, causal_offset(causal, Sq, Sk) is not None, B, Hq, Hkv, Sq, Sk)
-        name = plan_forward(problem, spec).config.name_expression
-        print(f"{dtype:<9} {B:>2} {Sq:>5} {Sk:>5} {Hq:>3} {Hkv:>3} {D:>4} {str(causal):<12} {ms:>8.3f}  "
-              f"{'pass' if ok else 'FAIL'}    {name}")
+        B, Sq, Sk, Hq, Hkv, D, causal = shape
+        print(f"{'bwd' if backward else 'fwd':<4} {dtype:<9} {B:>2} {Sq:>5} {Sk:>5} {Hq:>3} {Hkv:>3} {D:>4} "
+              f"{str(causal):<10} {ms:>8.3f}  {'pass' if ok else 'FAIL'}    {' + '.join(names)}")
         if not ok:
-            print(f"    {cmp}; lse {'ok' if lse_ok else 'mismatch'}")
+            print(f"    {detail}")
     print(f"{len(cases) - failures} passed, {failures} failed")
     return 0 if failures == 0 else 1
 
@@ -170,7 +196,7 @@ def cmd_warmup(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cupyattn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("check", help="run the forward against the float64 reference on this GPU")
+    check = sub.add_parser("check", help="run forward and backward against the float64 reference on this GPU")
     check.add_argument("--smem-limit", type=int, default=None, help="plan as if a block had this many bytes")
     check.add_argument("--seed", type=int, default=int(time.time()))
     check.set_defaults(func=cmd_check)
