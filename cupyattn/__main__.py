@@ -44,7 +44,7 @@ def _check_case(dtype, shape, rng, spec, smem_limit, backward):
 
     from . import api, testing
     from .plan import plan_backward, plan_forward
-    from .reference import attention_backward_reference, attention_reference
+    from .reference import attention_backward_reference, attention_reference, logit_bound
 
     B, Sq, Sk, Hq, Hkv, D, causal = shape
     hq = testing.host_values((B, Sq, Hq, D), dtype, rng)
@@ -56,11 +56,12 @@ def _check_case(dtype, shape, rng, spec, smem_limit, backward):
     run = lambda: api.attention(q, k, v, causal=causal, out=out, return_lse=True, smem_limit=smem_limit)
     _, lse = run()
     problem = api._validate(q, k, v, causal, None, "bshd").problem(out)
+    bound = logit_bound(hq, hk)
     if not backward:
         rows = np.sort(rng.choice(Sq, size=min(Sq, CHECK_ROWS), replace=False))
         ref, ref_lse = attention_reference(hq, hk, hv, causal=causal, rows=rows)
         ref_p, _ = attention_reference(hq, hk, hv, causal=causal, rows=rows, precision=dtype)
-        cmp = testing.compare(testing.to_host(out)[:, rows], ref, ref_p, dtype, Sk)
+        cmp = testing.compare(testing.to_host(out)[:, rows], ref, ref_p, dtype, Sk, logit_bound=bound)
         lse_ok = np.allclose(cupy.asnumpy(lse)[:, :, rows], ref_lse, rtol=1e-4, atol=1e-4)
         detail = f"{cmp}; lse {'ok' if lse_ok else 'mismatch'}"
         return cmp.ok and lse_ok, testing.median_ms(run), [plan_forward(problem, spec).config.name_expression], detail
@@ -74,7 +75,8 @@ def _check_case(dtype, shape, rng, spec, smem_limit, backward):
     bwd()
     ref = attention_backward_reference(hdo, hq, hk, hv, causal=causal)
     ref_p = attention_backward_reference(hdo, hq, hk, hv, causal=causal, precision=dtype)
-    cmps = [testing.compare(testing.to_host(g), r, rp, dtype, max(Sq * Hq // Hkv, Sk), factor=3.0)
+    cmps = [testing.compare(testing.to_host(g), r, rp, dtype, max(Sq * Hq // Hkv, Sk), factor=3.0,
+                            logit_bound=bound)
             for g, r, rp in zip(grads, ref, ref_p)]
     bp = plan_backward(problem, spec)
     names = [bp.dkdv.config.name_expression, bp.dq.config.name_expression]

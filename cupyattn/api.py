@@ -164,8 +164,9 @@ def _validate(q, k, v, causal, scale, layout) -> _Call:
                  _causal_offset(causal, Sq, Sk), _parse_scale(scale, D))
 
 
-def _check_like(name: str, x, shape, dtype: str, device_id: int):
-    """A caller's array (out=, dout, dq=, ...): CuPy, shape, dtype, device, contiguous rows."""
+def _check_like(name: str, x, shape, dtype: str, device_id: int, c_contiguous: bool = False):
+    """A caller's array (out=, dout, dq=, ...): CuPy, shape, dtype, device, contiguous rows
+    (or wholly C-contiguous)."""
     _require_cupy(name, x)
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
@@ -174,6 +175,9 @@ def _check_like(name: str, x, shape, dtype: str, device_id: int):
     if x.device.id != device_id:
         raise ValueError(f"{name}: expected an array on device {device_id} (the device of q), "
                          f"got device {x.device.id}")
+    if c_contiguous and x.size and not x.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array, as attention() returns it, "
+                         f"got strides {x.strides}")
     _check_last_dim_contiguous(name, x)
 
 
@@ -279,9 +283,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     call = _validate(q, k, v, causal, scale, layout)
     _check_like("dout", dout, call.out_shape, call.dtype, call.device_id)
     _check_like("out", out, call.out_shape, call.dtype, call.device_id)
-    _check_like("lse", lse, (call.B, call.Hq, call.Sq), "float32", call.device_id)
-    if call.Sq and call.Hq and call.B and not lse.flags.c_contiguous:
-        raise ValueError("lse: expected a C-contiguous array, as attention() returns it")
+    _check_like("lse", lse, (call.B, call.Hq, call.Sq), "float32", call.device_id, c_contiguous=True)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     dq = _output("dq", dq, call.shape_like("q"), call)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from cupyattn.reference import attention_reference, causal_offset, round_to, tolerance
+from cupyattn.reference import attention_reference, causal_offset, logit_bound, round_to, tolerance
 
 
 def naive(q, k, v, causal, scale):
@@ -108,11 +108,12 @@ def test_tolerance_rejects_a_slightly_wrong_kernel(dtype):
     q, k, v = (round_to(rng.standard_normal((2, 128, 2, 64)), dtype) for _ in range(3))
     ref, _ = attention_reference(q, k, v, causal=True)
     ref_p, _ = attention_reference(q, k, v, causal=True, precision=dtype)
-    assert compare(ref_p, ref, ref_p, dtype, 128).ok
+    bound = logit_bound(q, k)
+    assert compare(ref_p, ref, ref_p, dtype, 128, logit_bound=bound).ok
     wrong_scale, _ = attention_reference(q, k, v, causal=True, scale=0.95 / 8, precision=dtype)
-    assert not compare(wrong_scale, ref, ref_p, dtype, 128).ok
+    assert not compare(wrong_scale, ref, ref_p, dtype, 128, logit_bound=bound).ok
     dropped, _ = attention_reference(q, k[:, 1:], v[:, 1:], causal=True, precision=dtype)
-    assert not compare(dropped[:, 1:], ref[:, 1:], ref_p[:, 1:], dtype, 128).ok
+    assert not compare(dropped[:, 1:], ref[:, 1:], ref_p[:, 1:], dtype, 128, logit_bound=bound).ok
 
 
 @pytest.mark.parametrize("causal", [False, True, "top_left"])
@@ -147,3 +148,10 @@ def test_backward_reference_rows_without_keys_have_zero_gradients():
     k, v = (rng.standard_normal((1, 2, 1, 4)) for _ in range(2))
     dq, dk, dv = attention_backward_reference(dout, q, k, v, causal=True)
     assert np.all(dq[0, :4] == 0) and np.all(np.isfinite(dk)) and np.all(np.isfinite(dv))
+
+
+def test_logit_bound_bounds_every_logit():
+    rng = np.random.default_rng(13)
+    q, k = rng.standard_normal((2, 9, 3, 16)), rng.standard_normal((2, 7, 3, 16))
+    logits = np.einsum("bihd,bjhd->bhij", q, k) * 0.3
+    assert np.abs(logits).max() <= logit_bound(q, k, 0.3) < 10 * np.abs(logits).max()
