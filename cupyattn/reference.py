@@ -132,3 +132,58 @@ def logit_bound(q, k, scale=None) -> float:
     if scale is None:
         scale = 1.0 / np.sqrt(q.shape[-1])
     return float(abs(scale) * np.linalg.norm(q, axis=-1).max() * np.linalg.norm(k, axis=-1).max())
+
+
+def attention_backward_reference(dout, q, k, v, causal=False, scale=None, layout="bshd",
+                                 precision=None):
+    """(dq, dk, dv) of ``attention_reference`` for host arrays, shaped like q, k, v.
+
+    float64 by default. With ``precision`` (the inputs' dtype) it is the
+    same-precision reference: inputs rounded to it, float32 arithmetic, the
+    forward output (which the backward's delta uses) and the gradients rounded
+    to it. With GQA, dk and dv are summed over the query heads of each group.
+    """
+    dout, q, k, v = (_to_bshd(x, layout) for x in (dout, q, k, v))
+    if precision is None:
+        work = np.float64
+        dout, q, k, v = (np.asarray(x, dtype=work) for x in (dout, q, k, v))
+    else:
+        work = np.float32
+        dout, q, k, v = (round_to(x, precision) for x in (dout, q, k, v))
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    if scale is None:
+        scale = 1.0 / np.sqrt(D)
+    scale = work(scale)
+    qh, doh = q.transpose(0, 2, 1, 3), dout.transpose(0, 2, 1, 3)
+    kh = np.repeat(k.transpose(0, 2, 1, 3), group, axis=1)
+    vh = np.repeat(v.transpose(0, 2, 1, 3), group, axis=1)
+    s = (qh @ np.swapaxes(kh, -1, -2)).astype(work) * scale
+    offset = causal_offset(causal, Sq, Sk)
+    visible = np.ones((Sq, Sk), bool)
+    if offset is not None:
+        visible = np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + offset
+    s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0))
+    l = p.sum(axis=-1, keepdims=True)
+    p = np.where(l > 0, p / np.where(l > 0, l, 1), 0).astype(work)
+    out = (p @ vh).astype(work)
+    if precision is not None:
+        out = round_to(out, precision)
+    dv = (np.swapaxes(p, -1, -2) @ doh).astype(work)
+    dp = (doh @ np.swapaxes(vh, -1, -2)).astype(work)
+    delta = (doh * out).sum(axis=-1, keepdims=True)
+    ds = p * (dp - delta)
+    dq = (ds @ kh).astype(work) * scale
+    dk = (np.swapaxes(ds, -1, -2) @ qh).astype(work) * scale
+    # Sum the repeated key/value heads back over each GQA group.
+    dk = dk.reshape(B, Hkv, group, Sk, D).sum(axis=2)
+    dv = dv.reshape(B, Hkv, group, Sk, v.shape[3]).sum(axis=2)
+    grads = [g.transpose(0, 2, 1, 3) for g in (dq, dk, dv)]  # to (B, S, H, D)
+    if precision is not None:
+        grads = [round_to(g, precision) for g in grads]
+    if layout == "bhsd":
+        grads = [g.transpose(0, 2, 1, 3) for g in grads]
+    return tuple(grads)
