@@ -10,6 +10,7 @@ shared-memory layout. The planner is a pure function of (problem, DeviceSpec).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar
 
 from .device import DeviceSpec
@@ -79,7 +80,7 @@ class SimtConfig:
     def _cxx_type(self) -> str:
         return CXX_TYPES[self.dtype]
 
-    @property
+    @functools.cached_property
     def name_expression(self) -> str:
         causal = "true" if self.causal else "false"
         return (f"{self.KERNEL}<{self._cxx_type}, {self.head_dim_pad}, {self.head_dim_v_pad}, "
@@ -110,7 +111,7 @@ class FwdSimtConfig(SimtConfig):
     LAYOUT: ClassVar[str] = "cupyattn::FwdSimtLayout"
     HEADER: ClassVar[str] = "attn_fwd_simt.cuh"
 
-    @property
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
         return (LayoutBuilder()
                 .add("q_tile", (self.block_m, self.head_dim_pad), self.dtype)
@@ -143,7 +144,7 @@ class FwdMmaConfig:
     def threads(self) -> int:
         return self.num_warps * 32
 
-    @property
+    @functools.cached_property
     def name_expression(self) -> str:
         causal = "true" if self.causal else "false"
         return (f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {self.head_dim_pad}, {self.block_m}, "
@@ -153,7 +154,7 @@ class FwdMmaConfig:
     def layout_expression(self) -> str:
         return f"{self.LAYOUT}<{CXX_TYPES[self.dtype]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}>"
 
-    @property
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
         row = self.head_dim_pad + 8
         note = "+16 bytes per row: the 8 rows of an ldmatrix phase hit 8 bank groups"
@@ -176,7 +177,7 @@ class BwdDkdvSimtConfig(SimtConfig):
     LAYOUT: ClassVar[str] = "cupyattn::BwdDkdvSimtLayout"
     HEADER: ClassVar[str] = "attn_bwd_simt.cuh"
 
-    @property
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
         return (LayoutBuilder()
                 .add("k_tile", (self.block_n, self.head_dim_pad), self.dtype)
@@ -199,7 +200,7 @@ class BwdDqSimtConfig(SimtConfig):
     LAYOUT: ClassVar[str] = "cupyattn::BwdDqSimtLayout"
     HEADER: ClassVar[str] = "attn_bwd_simt.cuh"
 
-    @property
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
         return (LayoutBuilder()
                 .add("q_tile", (self.block_m, self.head_dim_pad), self.dtype)
@@ -231,7 +232,7 @@ class BwdDeltaConfig:
     def name_expression(self) -> str:
         return f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {self.num_warps}>"
 
-    @property
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
         return Layout(())
 
@@ -264,7 +265,7 @@ class Plan:
     rejected: tuple[Rejected, ...]
     reason: str
 
-    @property
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
         return self.config.layout
 
@@ -417,6 +418,7 @@ def _query_tiles_blocks(problem: AttentionProblem):
     return lambda cfg: problem.batch * problem.heads_q * -(-max(1, problem.seqlen_q) // cfg.block_m)
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and called on every launch
 def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
     """The forward configuration for ``problem`` on ``device``.
 
@@ -453,6 +455,7 @@ class BackwardPlan:
                           self.dkdv.describe(), self.dq.describe()])
 
 
+@functools.lru_cache(maxsize=4096)
 def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan:
     """The backward configurations: the dK/dV pass tiles keys, the dQ pass query rows;
     each is chosen as ``plan_forward`` chooses, from its own candidates."""
