@@ -259,11 +259,7 @@ attn_bwd_dq_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         }
     }
 
-    int n_end = seqlen_k;
-    if (CAUSAL) {
-        const int last_row = min(m0 + BLOCK_M, seqlen_q) - 1;
-        n_end = max(0, min(seqlen_k, last_row + causal_offset + 1));
-    }
+    const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
 
     typename Tile::template Out<D_PAD / VEC> dq_acc;
     dq_acc.zero();

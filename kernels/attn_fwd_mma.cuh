@@ -73,11 +73,7 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     out += qb.b * o_sb + qb.h * o_sh + m0 * o_ss;
     lse += (qb.b * n_heads_q + qb.h) * (long long)seqlen_q + m0;
 
-    int n_end = seqlen_k;
-    if (CAUSAL) {
-        const int last_row = min(m0 + BLOCK_M, seqlen_q) - 1;
-        n_end = max(0, min(seqlen_k, last_row + causal_offset + 1));
-    }
+    const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
 
     auto load_kv = [&](int tile) {

@@ -75,12 +75,7 @@ attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
 
     load_tile<T, BLOCK_M, D_PAD, D_PAD, THREADS>(q_tile, q, q_ss, seqlen_q - m0, head_dim);
 
-    // Keys this block can see: all of them, or up to the causal boundary of its last row.
-    int n_end = seqlen_k;
-    if (CAUSAL) {
-        const int last_row = min(m0 + BLOCK_M, seqlen_q) - 1;
-        n_end = max(0, min(seqlen_k, last_row + causal_offset + 1));
-    }
+    const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
 
     float m_run[ROWS], l_run[ROWS];
     typename Tile::template Out<DV_PAD / VEC> o_acc;

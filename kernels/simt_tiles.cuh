@@ -42,6 +42,15 @@ __device__ __forceinline__ QueryBlock query_block(int num_m_tiles, int n_heads_q
     return {bh / n_heads_q, h, h / (n_heads_q / n_heads_kv), m_tile * BLOCK_M};
 }
 
+// One past the last key a block of query rows [m0, m0 + BLOCK_M) can see: all of
+// them, or up to the causal boundary of its last row (0 if that row sees none).
+template <bool CAUSAL, int BLOCK_M>
+__device__ __forceinline__ int key_end(int m0, int seqlen_q, int seqlen_k, int causal_offset) {
+    if (!CAUSAL) return seqlen_k;
+    const int last_row = min(m0 + BLOCK_M, seqlen_q) - 1;
+    return max(0, min(seqlen_k, last_row + causal_offset + 1));
+}
+
 template <typename T, int ROWS, int NCOLS>
 struct WarpTile {
     using E = Elem<T>;
