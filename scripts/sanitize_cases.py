@@ -1,0 +1,49 @@
+"""A reduced suite for compute-sanitizer: every kernel family once per dtype, causal
+and not, odd sizes (1, tile - 1, tile + 1, Sq != Sk), GQA, strided views, with
+CuPy's memory pool disabled so an out-of-bounds access lands outside any allocation.
+
+    compute-sanitizer --tool memcheck python3 scripts/sanitize_cases.py
+"""
+
+import sys
+from pathlib import Path
+
+import cupy
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cupyattn  # noqa: E402
+from cupyattn import testing  # noqa: E402
+
+cupy.cuda.set_allocator(None)  # no pool: every array is its own cudaMalloc
+
+CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal)
+    (1, 1, 1, 1, 1, 8, False),
+    (2, 63, 65, 4, 2, 64, True),
+    (1, 65, 17, 2, 1, 128, "top_left"),
+    (1, 33, 129, 2, 2, 40, True),
+    (1, 17, 31, 1, 1, 256, False),
+    (1, 9, 9, 3, 1, 33, True),
+]
+
+
+def main():
+    rng = np.random.default_rng(0)
+    n = 0
+    for dtype in ("float16", "bfloat16", "float32"):
+        for B, Sq, Sk, Hq, Hkv, D, causal in CASES:
+            q, k, v, do = (testing.to_device(testing.host_values(shape, dtype, rng), dtype) for shape in
+                           ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D)))
+            out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True)
+            cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal)
+            # A strided view (SIMT path) of the same data.
+            qs = cupy.concatenate([q, q], axis=2)[:, :, :Hq]
+            cupyattn.attention(qs, k, v, causal=causal)
+            n += 1
+    cupy.cuda.Device().synchronize()
+    print(f"sanitize cases: {n} shapes x (forward, backward, strided forward) ran")
+
+
+if __name__ == "__main__":
+    main()
