@@ -38,7 +38,8 @@ def main():
             out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True)
             cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal)
             # A strided view (SIMT path) of the same data.
-            qs = cupy.concatenate([q, q], axis=2)[:, :, :Hq]
+            raw = q.view(f"u{q.itemsize}")  # copy bits: CuPy has no bfloat16 kernels
+            qs = cupy.concatenate([raw, raw], axis=2)[:, :, :Hq].view(q.dtype)
             cupyattn.attention(qs, k, v, causal=causal)
             n += 1
     cupy.cuda.Device().synchronize()
