@@ -278,12 +278,14 @@ def sass(report: CompileReport) -> str:
     except Exception:
         pass
     tool = next((c for c in candidates if c and os.path.isfile(c)), None)
-    if tool is None:
-        raise FileNotFoundError("cuobjdump not found: pip install 'cuda-toolkit[cuobjdump]'")
+    # cuobjdump runs nvdisasm, which pip installs next to it.
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(tool or ""), os.environ.get("PATH", "")]))
+    if tool is None or shutil.which("nvdisasm", path=env["PATH"]) is None:
+        raise FileNotFoundError("cuobjdump / nvdisasm not found: pip install 'cuda-toolkit[cuobjdump,nvdisasm]'")
     if not report.cubin:
         raise ValueError(f"no CUBIN kept for {report.name_expression} ({report.arch})")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(report.cubin)
         f.flush()
         return subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
+                              check=True, env=env).stdout
