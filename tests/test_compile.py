@@ -118,3 +118,39 @@ def test_tensor_core_forward_sass_has_hmma_and_no_local_memory(arch, device, dty
     assert "LDSM" in text  # ldmatrix
     assert "LDGSTS" in text  # cp.async
     assert "LDL" not in text and "STL" not in text  # nothing spilled to local memory
+
+
+def test_first_callers_of_one_config_compile_once_per_device(monkeypatch):
+    """Threads racing to a config's first call share one compile; devices keep their own."""
+    import contextlib
+    import threading
+    import time
+    import types
+
+    cupy = pytest.importorskip("cupy")
+    compiles = []
+
+    class FakeModule:
+        def __init__(self, code, options, name_expressions):
+            compiles.append(tuple(name_expressions))
+            time.sleep(0.2)  # a slow compile, so the threads overlap
+
+        def get_function(self, name):
+            return types.SimpleNamespace(name=name, max_dynamic_shared_size_bytes=0)
+
+    monkeypatch.setattr(cupy, "RawModule", FakeModule)
+    monkeypatch.setattr(cupy.cuda, "Device", lambda device_id=None: contextlib.nullcontext())
+    monkeypatch.setattr(cc, "_cache", {})
+    cfg = FwdSimtConfig("float32", 128, 128, 64, 64, 8, True)
+    gpu0, gpu1 = (dataclasses.replace(named_device("h100"), device_id=i) for i in (0, 1))
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(cc.get_kernel(cfg, gpu0))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(compiles) == 1 and all(k is got[0] for k in got)
+    assert compiles[0] == (cfg.name_expression, check_expression(cfg))
+    assert got[0].max_dynamic_shared_size_bytes == cfg.layout.total  # opted in past 48 KiB
+    other = cc.get_kernel(cfg, gpu1)
+    assert len(compiles) == 2 and other is not got[0]
