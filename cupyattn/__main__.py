@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from .testing import gpu_unavailable_reason
+
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal): square, GQA, odd
 # sizes with Sq != Sk, and the seed thread's float32 head dim 128 at S = 4096.
 CHECK_SHAPES = (
@@ -25,17 +27,6 @@ CHECK_SHAPES = (
 )
 SEED_SHAPE = (4, 4096, 4096, 4, 4, 128, True)
 CHECK_ROWS = 256  # query rows checked against the float64 reference per shape
-
-
-def _gpu_available() -> str | None:
-    """None if a GPU is usable, else the reason."""
-    try:
-        import cupy
-
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # no driver, no cupy, no device
-        return f"{type(exc).__name__}: {exc}".strip()
-    return None if n > 0 else "no CUDA device found"
 
 
 def _check_case(dtype, shape, rng, spec, smem_limit, backward):
@@ -85,7 +76,7 @@ def _check_case(dtype, shape, rng, spec, smem_limit, backward):
 
 
 def cmd_check(args) -> int:
-    reason = _gpu_available()
+    reason = gpu_unavailable_reason()
     if reason is not None:
         print(f"cupyattn check: no usable GPU ({reason}); nothing to check")
         return 1
@@ -130,8 +121,9 @@ def cmd_plan(args) -> int:
 def _device_or_exit(name: str):
     from .device import resolve_device
 
-    if name == "current" and _gpu_available() is not None:
-        print(f"cupyattn: no usable GPU for --device current ({_gpu_available()}); "
+    reason = gpu_unavailable_reason() if name == "current" else None
+    if reason is not None:
+        print(f"cupyattn: no usable GPU for --device current ({reason}); "
               "name one instead, e.g. --device rtx6000ada")
         sys.exit(1)
     return resolve_device(name)
@@ -165,24 +157,17 @@ def cmd_explain(args) -> int:
 
 
 def cmd_warmup(args) -> int:
-    reason = _gpu_available()
+    reason = gpu_unavailable_reason()
     if reason is not None:
         print(f"cupyattn warmup: no usable GPU ({reason}); nothing to compile")
         return 1
     from .compile import get_kernel
     from .device import current_device
     from .explain import CAPS_HEAD_DIMS, DTYPES
-    from .plan import AttentionProblem, plan_backward, plan_forward
+    from .plan import planned_configs
 
     spec = current_device().with_smem_limit(args.smem_limit)
-    configs = {}
-    for d in args.head_dim or CAPS_HEAD_DIMS:
-        for dtype in args.dtype or DTYPES:
-            for causal in (False, True):
-                problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096)
-                bwd = plan_backward(problem, spec)
-                for cfg in (plan_forward(problem, spec).config, bwd.delta, bwd.dkdv.config, bwd.dq.config):
-                    configs[cfg.name_expression] = cfg
+    configs = planned_configs(spec, args.head_dim or CAPS_HEAD_DIMS, args.dtype or DTYPES, (False, True))
     start = time.perf_counter()
     for i, cfg in enumerate(configs.values(), 1):
         t0 = time.perf_counter()

@@ -99,12 +99,7 @@ class KernelExplanation:
         }
 
     def __str__(self) -> str:
-        lines = [f"{self.role}: {self.name_expression}",
-                 f"  {'buffer':<10} {'shape':<12} {'dtype':<9} {'bytes':>8} {'offset':>8}"]
-        for b in self.buffers:
-            shape = "x".join(str(s) for s in b.shape)
-            note = f"  ({b.note})" if b.note else ""
-            lines.append(f"  {b.name:<10} {shape:<12} {b.dtype:<9} {b.bytes:>8} {b.offset:>8}{note}")
+        lines = [f"{self.role}: {self.name_expression}", self.plan.layout.table(with_total=False)]
         pct = 100 * self.total / self.limit
         lines.append(f"  total {self.total} of {self.limit} bytes opt-in ({pct:.1f}%), "
                      f"{self.limit - self.total} to spare; {self.blocks_per_sm_by_smem} block(s) "

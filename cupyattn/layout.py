@@ -54,14 +54,15 @@ class Layout:
                 return buf
         raise KeyError(name)
 
-    def table(self) -> str:
-        """One line per buffer: name, shape, dtype, offset, bytes; then the total."""
-        rows = [f"  {'buffer':<10} {'shape':<14} {'dtype':<9} {'offset':>8} {'bytes':>8}"]
+    def table(self, with_total: bool = True) -> str:
+        """One line per buffer: name, element shape, dtype, bytes, offset, note; then the total."""
+        rows = [f"  {'buffer':<10} {'shape':<14} {'dtype':<9} {'bytes':>8} {'offset':>8}"]
         for b in self.buffers:
             shape = "x".join(str(s) for s in b.shape)
-            note = f"  {b.note}" if b.note else ""
-            rows.append(f"  {b.name:<10} {shape:<14} {b.dtype:<9} {b.offset:>8} {b.bytes:>8}{note}")
-        rows.append(f"  {'total':<10} {'':<14} {'':<9} {'':>8} {self.total:>8}")
+            note = f"  ({b.note})" if b.note else ""
+            rows.append(f"  {b.name:<10} {shape:<14} {b.dtype:<9} {b.bytes:>8} {b.offset:>8}{note}")
+        if with_total:
+            rows.append(f"  {'total':<10} {'':<14} {'':<9} {self.total:>8}")
         return "\n".join(rows)
 
 

@@ -470,3 +470,17 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan
         dkdv=_choose("backward dK/dV", dkdv, problem, device, dkdv_blocks),
         dq=_choose("backward dQ", dq, problem, device, _query_tiles_blocks(problem)),
     )
+
+
+def planned_configs(device: DeviceSpec, head_dims, dtypes, causals=(True,)) -> dict:
+    """Every configuration (forward, delta, dK/dV, dQ) the planner picks on ``device``
+    for B=4, H=16, S=4096 at these head dims, dtypes and causal settings, by name."""
+    configs = {}
+    for d in head_dims:
+        for dtype in dtypes:
+            for causal in causals:
+                problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096)
+                bwd = plan_backward(problem, device)
+                for cfg in (plan_forward(problem, device).config, bwd.delta, bwd.dkdv.config, bwd.dq.config):
+                    configs[cfg.name_expression] = cfg
+    return configs

@@ -11,6 +11,17 @@ import numpy as np
 from .reference import round_to, tolerance
 
 
+def gpu_unavailable_reason() -> str | None:
+    """None if CuPy sees a CUDA device, else why not (no driver, no CuPy, no device)."""
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}".strip()
+    return None if n > 0 else "no CUDA device found"
+
+
 def bfloat16_dtype():
     """NumPy's bfloat16 dtype (from ml_dtypes), or None when ml_dtypes is absent."""
     try:

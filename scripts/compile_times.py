@@ -19,15 +19,9 @@ CHILD = r"""
 import json, sys, time
 from cupyattn.compile import get_kernel
 from cupyattn.device import current_device
-from cupyattn.plan import AttentionProblem, plan_backward, plan_forward
+from cupyattn.plan import planned_configs
 spec = current_device()
-configs = {}
-for d in (64, 128, 256):
-    for dtype in ("float16", "bfloat16", "float32"):
-        p = AttentionProblem(dtype, d, d, True, 4, 16, 16, 4096, 4096)
-        b = plan_backward(p, spec)
-        for c in (plan_forward(p, spec).config, b.delta, b.dkdv.config, b.dq.config):
-            configs[c.name_expression] = c
+configs = planned_configs(spec, (64, 128, 256), ("float16", "bfloat16", "float32"))
 times = {}
 for name, c in configs.items():
     t = time.perf_counter()

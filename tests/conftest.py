@@ -1,18 +1,8 @@
 import pytest
 
+from cupyattn.testing import gpu_unavailable_reason
 
-def _gpu_reason():
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            return None
-        return "no CUDA device"
-    except Exception as exc:  # no driver / no cupy
-        return f"no usable GPU ({type(exc).__name__})"
-
-
-GPU_SKIP_REASON = _gpu_reason()
+GPU_SKIP_REASON = gpu_unavailable_reason()
 HAS_GPU = GPU_SKIP_REASON is None
 
 

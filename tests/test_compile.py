@@ -11,7 +11,8 @@ import pytest
 
 from cupyattn import compile as cc
 from cupyattn.device import named_device
-from cupyattn.plan import AttentionProblem, FwdSimtConfig, check_expression, plan_backward, plan_forward
+from cupyattn.plan import (AttentionProblem, FwdSimtConfig, check_expression, plan_forward,
+                           planned_configs)
 
 
 def _nvrtc_reason():
@@ -36,14 +37,7 @@ SPILL_ALLOWANCE: dict = {}
 
 
 def _planned(arch):
-    spec = named_device(ARCH_DEVICES[arch])
-    configs = {}
-    for dtype in ("float16", "bfloat16", "float32"):
-        for d in HEAD_DIMS:
-            problem = AttentionProblem(dtype, d, d, True, 4, 16, 16, 4096, 4096)
-            bwd = plan_backward(problem, spec)
-            for cfg in (plan_forward(problem, spec).config, bwd.delta, bwd.dkdv.config, bwd.dq.config):
-                configs[cfg.name_expression] = cfg
+    configs = planned_configs(named_device(ARCH_DEVICES[arch]), HEAD_DIMS, ("float16", "bfloat16", "float32"))
     return [(arch, cfg) for _, cfg in sorted(configs.items())]
 
 
