@@ -297,7 +297,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
 
     with cupy.cuda.Device(call.device_id):
         spec = _device_for(call, smem_limit)
-        bplan = plan_backward(call.problem(), spec)
+        bplan = plan_backward(call.problem(dout), spec)
         dos, os_ = call.bshd(dout), call.bshd(out)
         dqs, dks, dvs = call.bshd(dq), call.bshd(dk), call.bshd(dv)
         rows = call.B * call.Hq * call.Sq

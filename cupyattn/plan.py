@@ -124,19 +124,23 @@ class FwdSimtConfig(SimtConfig):
         return self.block_m // self.num_warps * self._words_per_lane(self.head_dim_v_pad) * self.vec
 
 
-@dataclasses.dataclass(frozen=True)
-class FwdMmaConfig:
-    """``attn_fwd_mma``: forward on tensor cores, sm_80+, float16 / bfloat16 (kernels/attn_fwd_mma.cuh)."""
+_ROW_PAD_NOTE = "+16 bytes per row: the 8 rows of an ldmatrix phase hit 8 bank groups"
 
-    KERNEL: ClassVar[str] = "cupyattn::attn_fwd_mma"
-    LAYOUT: ClassVar[str] = "cupyattn::FwdMmaLayout"
-    HEADER: ClassVar[str] = "attn_fwd_mma.cuh"
+
+@dataclasses.dataclass(frozen=True)
+class MmaConfig:
+    """Fields shared by the tensor-core kernels' template parameters, in template order
+    (sm_80+, float16 / bfloat16, head_dim == head_dim_v)."""
+
+    KERNEL: ClassVar[str]
+    LAYOUT: ClassVar[str]
+    HEADER: ClassVar[str]
     STAGES: ClassVar[int] = 2
 
     dtype: str
     head_dim_pad: int  # multiple of 16 (the mma k-step)
-    block_m: int  # 16 query rows per warp
-    block_n: int
+    block_m: int  # query rows per tile
+    block_n: int  # keys per tile
     num_warps: int
     causal: bool
 
@@ -154,19 +158,136 @@ class FwdMmaConfig:
     def layout_expression(self) -> str:
         return f"{self.LAYOUT}<{CXX_TYPES[self.dtype]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}>"
 
-    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
-    def layout(self) -> Layout:
+    def _tile(self, builder: LayoutBuilder, name: str, rows: int, stages: int = 1) -> LayoutBuilder:
         row = self.head_dim_pad + 8
-        note = "+16 bytes per row: the 8 rows of an ldmatrix phase hit 8 bank groups"
-        return (LayoutBuilder()
-                .add("q_tile", (self.block_m, row), self.dtype, note)
-                .add("k_tile", (self.STAGES, self.block_n, row), self.dtype, f"{self.STAGES} cp.async stages; {note}")
-                .add("v_tile", (self.STAGES, self.block_n, row), self.dtype, f"{self.STAGES} cp.async stages; {note}")
-                .build())
+        if stages == 1:
+            return builder.add(name, (rows, row), self.dtype, _ROW_PAD_NOTE)
+        return builder.add(name, (stages, rows, row), self.dtype, f"{stages} cp.async stages; {_ROW_PAD_NOTE}")
 
     @property
-    def accumulators_per_lane(self) -> int:  # O (16 x head_dim) and S (16 x block_n) per warp
-        return (self.head_dim_pad + self.block_n) // 2
+    def valid(self) -> bool:
+        """Whether the template's static_asserts accept these parameters."""
+        return True
+
+    @property
+    def accumulators_per_lane(self) -> int:
+        """float32 accumulators each lane keeps in registers (a 16 x n tile: n / 2)."""
+        raise NotImplementedError
+
+    # float32 accumulators per lane that compile without spills, by architecture
+    # (scripts/spill_map.py: every candidate at head dims 32..256 through ptxas).
+    # ptxas needs ~60-90 registers more for fragments, addresses and masks on
+    # sm_80-sm_90; for sm_100 / sm_120 it spills from 96 (dK/dV) and 128 (dQ).
+    BUDGET_SM80: ClassVar[int] = 160  # sm_80 - sm_89
+    BUDGET_SM90: ClassVar[int] = 160
+    BUDGET_SM100: ClassVar[int] = 160  # sm_100 and newer
+
+    def register_budget(self, compute_capability: tuple[int, int]) -> int:
+        if compute_capability >= (10, 0):
+            return self.BUDGET_SM100
+        return self.BUDGET_SM90 if compute_capability >= (9, 0) else self.BUDGET_SM80
+
+    def fits_registers(self, compute_capability: tuple[int, int]) -> bool:
+        return self.accumulators_per_lane <= self.register_budget(compute_capability)
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdMmaConfig(MmaConfig):
+    """``attn_fwd_mma``: forward on tensor cores (kernels/attn_fwd_mma.cuh); each warp
+    owns ``m_tiles`` x 16 query rows."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_fwd_mma"
+    LAYOUT: ClassVar[str] = "cupyattn::FwdMmaLayout"
+    HEADER: ClassVar[str] = "attn_fwd_mma.cuh"
+
+    @property
+    def m_tiles(self) -> int:
+        return self.block_m // (16 * self.num_warps)
+
+    @property
+    def valid(self) -> bool:
+        return self.m_tiles >= 1 and self.block_m == 16 * self.m_tiles * self.num_warps
+
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
+    def layout(self) -> Layout:
+        b = self._tile(LayoutBuilder(), "q_tile", self.block_m)
+        b = self._tile(b, "k_tile", self.block_n, self.STAGES)
+        return self._tile(b, "v_tile", self.block_n, self.STAGES).build()
+
+    @property
+    def accumulators_per_lane(self) -> int:  # O (head_dim) and S (block_n) per 16-row m-tile
+        return self.m_tiles * (self.head_dim_pad + self.block_n) // 2
+
+    def fits_registers(self, compute_capability: tuple[int, int]) -> bool:
+        if self.m_tiles == 1:
+            return super().fits_registers(compute_capability)
+        # Two m-tiles: the scores' exp2 and mask temporaries count twice. 192 takes
+        # (128, 64, 4) at head dim 64 and (128, 32, 4) at 128, both spill-free;
+        # (128, 64, 4) spills at 96 (sm_80-sm_90) and 128 (everywhere).
+        return self.m_tiles * (self.head_dim_pad + 2 * self.block_n) // 2 <= 192
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdDkdvMmaConfig(MmaConfig):
+    """``attn_bwd_dkdv_mma``: dK and dV for a tile of keys on tensor cores
+    (kernels/attn_bwd_mma.cuh); 16 keys per warp, ``d_split`` warps share them."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dkdv_mma"
+    LAYOUT: ClassVar[str] = "cupyattn::BwdDkdvMmaLayout"
+    HEADER: ClassVar[str] = "attn_bwd_mma.cuh"
+
+    @property
+    def d_split(self) -> int:
+        return max(1, self.num_warps * 16 // self.block_n)
+
+    @property
+    def valid(self) -> bool:
+        return (self.block_n % 16 == 0 and self.num_warps * 16 == self.block_n * self.d_split
+                and self.head_dim_pad % (16 * self.d_split) == 0 and self.block_m % 16 == 0)
+
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
+    def layout(self) -> Layout:
+        b = self._tile(LayoutBuilder(), "k_tile", self.block_n)
+        b = self._tile(b, "v_tile", self.block_n)
+        b = self._tile(b, "q_tile", self.block_m, self.STAGES)
+        b = self._tile(b, "do_tile", self.block_m, self.STAGES)
+        return (b.add("lse_tile", (self.STAGES, self.block_m), "float32", "lse * log2(e) per query row")
+                .add("delta_tile", (self.STAGES, self.block_m), "float32", "rowsum(dO * O) per query row")
+                .build())
+
+    BUDGET_SM90: ClassVar[int] = 192  # (64, 64, 4) at head dim 128: 255 registers, no spill
+    BUDGET_SM100: ClassVar[int] = 80
+
+    @property
+    def accumulators_per_lane(self) -> int:  # dK, dV (head_dim / d_split each), S^T and dP^T (block_m each)
+        return self.head_dim_pad // self.d_split + self.block_m
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdDqMmaConfig(MmaConfig):
+    """``attn_bwd_dq_mma``: dQ for a tile of query rows on tensor cores (kernels/attn_bwd_mma.cuh);
+    16 query rows per warp."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dq_mma"
+    LAYOUT: ClassVar[str] = "cupyattn::BwdDqMmaLayout"
+    HEADER: ClassVar[str] = "attn_bwd_mma.cuh"
+
+    @property
+    def valid(self) -> bool:
+        return self.block_m == 16 * self.num_warps and self.block_n % 16 == 0
+
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
+    def layout(self) -> Layout:
+        b = self._tile(LayoutBuilder(), "q_tile", self.block_m)
+        b = self._tile(b, "do_tile", self.block_m)
+        b = self._tile(b, "k_tile", self.block_n, self.STAGES)
+        return self._tile(b, "v_tile", self.block_n, self.STAGES).build()
+
+    BUDGET_SM100: ClassVar[int] = 112
+
+    @property
+    def accumulators_per_lane(self) -> int:  # dQ (head_dim), S and dP (block_n each)
+        return (self.head_dim_pad + 2 * self.block_n) // 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,7 +380,7 @@ class Rejected:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    config: "SimtConfig | FwdMmaConfig"
+    config: "SimtConfig | MmaConfig"
     device: DeviceSpec
     problem: AttentionProblem
     rejected: tuple[Rejected, ...]
@@ -343,33 +464,72 @@ BWD_DKDV_SIMT_TILES = (
     (8, 8, 2),
 )
 MAX_ACCUMULATORS_PER_LANE = 32
-# Tensor-core forward (block_m, block_n, num_warps); each warp owns 16 query rows.
-# 128-row tiles halve the K/V traffic of 64-row ones but need 104 KiB at head
-# dim 128, past the 99 KiB of sm_86 / sm_89; head dims over 128 keep O (128
-# floats per lane at 256) and S in registers only with 32-key tiles.
+# Tensor-core tiles (block_m, block_n, num_warps), most preferred first, ordered by
+# the whole-call times of scripts/tune_tiles.py on the H200 (float16, B=4, H=16,
+# S=4096, non-causal; BENCHMARKS.md "Tile choice") among the tiles that compile
+# without spills (``fits_registers``); each list keeps smaller tiles for GPUs with
+# less shared memory.
+#
+# Forward: a warp owns block_m / num_warps query rows. At 16 rows a warp reads one
+# 512-byte ldmatrix x4 of K or V per two mma, as much shared-memory bandwidth as the
+# tensor cores use; 32 rows (two m-tiles) feed each fragment to two m-tiles.
+# Measured, ms: D=64 (128,64,4) 1.43 < (64,64,4) 1.60 < (128,32,8) 1.78;
+# D=128 (128,64,4) 2.19 [spills] < (128,32,4) 2.46 < (128,64,8) 2.78 ~ (64,64,4) 2.81;
+# D=256 (128,64,8) 4.86 < (64,32,4) 5.25 < (128,32,8) 5.62.
 FWD_MMA_TILES = (
+    (128, 64, 4),
+    (128, 32, 4),
     (128, 64, 8),
     (64, 64, 4),
-    (128, 32, 8),
     (64, 32, 4),
+    (128, 32, 8),
     (32, 32, 2),
     (16, 16, 1),
 )
-MAX_MMA_ACCUMULATORS_PER_LANE = 144
+# Backward dK/dV: a block keeps block_n keys (16 per warp; two warps share 16 keys
+# and split the head dim when num_warps * 16 = 2 * block_n) and streams block_m
+# query rows. Measured (whole backward), ms: D=64 (64,64,4) 5.69 < (64,128,8) 6.05
+# < (32,64,4) 6.78; D=128 (64,64,4) 8.87 [sm_90 only: spills on sm_80-sm_89]
+# < (32,64,4) 10.25; D=256 (32,32,4) 25.96 < (32,64,8) 28.88 < (16,16,2) 29.83.
+BWD_DKDV_MMA_TILES = (
+    (64, 64, 4),
+    (64, 128, 8),
+    (32, 64, 4),
+    (32, 32, 4),
+    (16, 16, 1),
+    (32, 64, 8),
+    (16, 16, 2),
+    (16, 32, 4),
+)
+# Backward dQ: a block keeps block_m query rows (16 per warp) and streams block_n
+# keys. Measured: D=64 (32,32,2) 5.55 ~ (64,32,4) 5.75 ~ (64,64,4) 5.80;
+# D=128 (64,64,4) 8.77 < (64,32,4) 9.20; D=256 (128,32,8) 26.96 < (64,64,4) 28.55.
+BWD_DQ_MMA_TILES = (
+    (64, 64, 4),
+    (128, 32, 8),
+    (64, 32, 4),
+    (128, 64, 8),
+    (32, 32, 2),
+    (16, 16, 1),
+)
 
 
 def mma_eligible(problem: AttentionProblem, device: DeviceSpec) -> bool:
-    """Whether the tensor-core forward can run this problem on this device."""
+    """Whether the tensor-core kernels can run this problem on this device: float16 /
+    bfloat16 on sm_80+, head_dim == head_dim_v, a multiple of 8, 16-byte aligned rows."""
     return (problem.dtype in ("float16", "bfloat16") and device.compute_capability >= (8, 0)
             and problem.head_dim == problem.head_dim_v and problem.head_dim % 8 == 0
             and problem.aligned)
 
 
-def _mma_candidates(problem: AttentionProblem, max_block_m: int):
+def _mma_candidates(cls, tiles, problem: AttentionProblem, device: DeviceSpec, max_block_m: int,
+                    max_block_n: int):
     d_pad = (problem.head_dim + 15) // 16 * 16
-    for block_m, block_n, warps in FWD_MMA_TILES:
-        cfg = FwdMmaConfig(problem.dtype, d_pad, block_m, block_n, warps, bool(problem.causal))
-        if block_m <= max(16, max_block_m) and cfg.accumulators_per_lane <= MAX_MMA_ACCUMULATORS_PER_LANE:
+    for block_m, block_n, warps in tiles:
+        if block_m > max(16, max_block_m) or block_n > max(16, max_block_n):
+            continue
+        cfg = cls(problem.dtype, d_pad, block_m, block_n, warps, bool(problem.causal))
+        if cfg.valid and cfg.fits_registers(device.compute_capability):
             yield cfg
 
 
@@ -434,7 +594,8 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
     max_block_m = _next_pow2_at_least_8(problem.seqlen_q)
     configs = list(_candidates(FwdSimtConfig, FWD_SIMT_TILES, problem, max_block_m, 64))
     if mma_eligible(problem, device):  # tensor cores first, CUDA cores if no tile fits
-        configs = list(_mma_candidates(problem, max_block_m)) + configs
+        configs = list(_mma_candidates(FwdMmaConfig, FWD_MMA_TILES, problem, device, max_block_m,
+                                       _next_pow2_at_least_8(problem.seqlen_k))) + configs
     return _choose("forward", configs, problem, device, _query_tiles_blocks(problem))
 
 
@@ -459,12 +620,14 @@ class BackwardPlan:
 def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan:
     """The backward configurations: the dK/dV pass tiles keys, the dQ pass query rows;
     each is chosen as ``plan_forward`` chooses, from its own candidates."""
-    dkdv = _candidates(BwdDkdvSimtConfig, BWD_DKDV_SIMT_TILES, problem,
-                       64, _next_pow2_at_least_8(problem.seqlen_k))
+    max_m, max_n = _next_pow2_at_least_8(problem.seqlen_q), _next_pow2_at_least_8(problem.seqlen_k)
+    dkdv = list(_candidates(BwdDkdvSimtConfig, BWD_DKDV_SIMT_TILES, problem, 64, max_n))
+    dq = list(_candidates(BwdDqSimtConfig, FWD_SIMT_TILES, problem, max_m, 64))
+    if mma_eligible(problem, device):  # tensor cores first, CUDA cores if no tile fits
+        dkdv = list(_mma_candidates(BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES, problem, device, max_m, max_n)) + dkdv
+        dq = list(_mma_candidates(BwdDqMmaConfig, BWD_DQ_MMA_TILES, problem, device, max_m, max_n)) + dq
     dkdv_blocks = lambda cfg: (problem.batch * problem.heads_kv
                                * -(-max(1, problem.seqlen_k) // cfg.block_n))
-    dq = _candidates(BwdDqSimtConfig, FWD_SIMT_TILES, problem,
-                     _next_pow2_at_least_8(problem.seqlen_q), 64)
     return BackwardPlan(
         delta=BwdDeltaConfig(problem.dtype),
         dkdv=_choose("backward dK/dV", dkdv, problem, device, dkdv_blocks),

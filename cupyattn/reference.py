@@ -140,8 +140,8 @@ def attention_backward_reference(dout, q, k, v, causal=False, scale=None, layout
 
     float64 by default. With ``precision`` (the inputs' dtype) it is the
     same-precision reference: inputs rounded to it, float32 arithmetic, the
-    forward output (which the backward's delta uses) and the gradients rounded
-    to it. With GQA, dk and dv are summed over the query heads of each group.
+    forward output (which the backward's delta uses), P and dS (before they
+    enter their products) and the gradients rounded to it. With GQA, dk and dv are summed over the query heads of each group.
     """
     dout, q, k, v = (_to_bshd(x, layout) for x in (dout, q, k, v))
     if precision is None:
@@ -172,10 +172,12 @@ def attention_backward_reference(dout, q, k, v, causal=False, scale=None, layout
     out = (p @ vh).astype(work)
     if precision is not None:
         out = round_to(out, precision)
-    dv = (np.swapaxes(p, -1, -2) @ doh).astype(work)
     dp = (doh @ np.swapaxes(vh, -1, -2)).astype(work)
     delta = (doh * out).sum(axis=-1, keepdims=True)
     ds = p * (dp - delta)
+    if precision is not None:  # P and dS enter their products in the input type, as on tensor cores
+        p, ds = round_to(p, precision), round_to(ds, precision)
+    dv = (np.swapaxes(p, -1, -2) @ doh).astype(work)
     dq = (ds @ kh).astype(work) * scale
     dk = (np.swapaxes(ds, -1, -2) @ qh).astype(work) * scale
     # Sum the repeated key/value heads back over each GQA group.

@@ -110,3 +110,28 @@ def median_ms(fn, repeats: int = 10, warmup: int = 1) -> float:
         stop.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, stop))
     return float(np.median(times))
+
+
+def peak_allocation_hook():
+    """A CuPy memory hook that records, while active (``with hook:``), the peak bytes
+    allocated through CuPy's memory pool above what was live when it started:
+    ``hook.peak``. What a call allocates for its outputs and workspace."""
+    import cupy
+
+    class PeakHook(cupy.cuda.MemoryHook):
+        name = "PeakHook"
+
+        def __init__(self):
+            self.live = self.peak = 0
+            self.sizes = {}
+
+        def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
+            self.sizes[mem_ptr] = mem_size
+            self.live += mem_size
+            self.peak = max(self.peak, self.live)
+
+        def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
+            self.live -= self.sizes.pop(mem_ptr, 0)
+
+    return PeakHook()
+

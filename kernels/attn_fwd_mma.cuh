@@ -1,6 +1,6 @@
 // Forward attention on tensor cores (sm_80+): float16 / bfloat16, float32 accumulation.
 //
-// Algorithm (FlashAttention-2): each warp owns 16 query rows; per K/V tile,
+// Algorithm (FlashAttention-2): each warp owns MT x 16 query rows; per K/V tile,
 // S = Q K^T with mma.sync m16n8k16 (Q and K fragments by ldmatrix), online
 // softmax on the accumulators in base 2 with the scale folded in, P packed to
 // the input type straight from the S accumulators, O += P V (V fragments by
@@ -11,7 +11,10 @@
 // Needs: head_dim == head_dim_v, head_dim % 8 == 0, 16-byte aligned rows (the
 // planner checks; otherwise the SIMT kernel runs).
 //
-// Grid: as attn_fwd_simt (query_block). Block: NUM_WARPS warps, BLOCK_M = 16 * NUM_WARPS.
+// Grid: as attn_fwd_simt (query_block). Block: NUM_WARPS warps, BLOCK_M = MT * 16 * NUM_WARPS.
+// With MT = 2 every K and V fragment read from shared memory feeds two mma
+// instead of one: at MT = 1 the ldmatrix traffic alone keeps shared memory as
+// busy as the tensor cores (one 512-byte x4 load per two m16n8k16).
 //
 // Shared memory (FwdMmaLayout; same names and order as plan.FwdMmaConfig.layout):
 //   q_tile [BLOCK_M][D_PAD + 8]            T
@@ -52,9 +55,10 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     using L = FwdMmaLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
     constexpr int THREADS = NUM_WARPS * 32;
     constexpr int STRIDE = L::STRIDE;
+    constexpr int MT = BLOCK_M / (16 * NUM_WARPS);  // 16-row m-tiles per warp
     constexpr int N_BLOCKS = BLOCK_N / 8;  // 8-key column blocks of S
     constexpr int D_BLOCKS = D_PAD / 8;    // 8-wide column blocks of O
-    static_assert(BLOCK_M == 16 * NUM_WARPS, "each warp owns 16 query rows");
+    static_assert(MT >= 1 && BLOCK_M == 16 * MT * NUM_WARPS, "each warp owns MT x 16 query rows");
     static_assert(D_PAD % 16 == 0 && BLOCK_N % 16 == 0, "mma k-steps are 16 wide");
 
     extern __shared__ __align__(16) unsigned char smem[];
@@ -87,17 +91,29 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     if (n_tiles > 0) load_kv(0);
     cp_async_commit();
 
-    float o_acc[D_BLOCKS][4];
+    float o_acc[MT][D_BLOCKS][4];
 #pragma unroll
-    for (int j = 0; j < D_BLOCKS; ++j)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o_acc[j][e] = 0.0f;
-    float m_run[2] = {CUPYATTN_NEG_INF, CUPYATTN_NEG_INF};  // rows g and g + 8
-    float l_run[2] = {0.0f, 0.0f};
-    const int row0 = m0 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
-    // Row addresses this lane hands to ldmatrix (see mma.cuh for the mapping).
+        for (int j = 0; j < D_BLOCKS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[mt][j][e] = 0.0f;
+    float m_run[MT][2], l_run[MT][2];  // rows g and g + 8 of each m-tile
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            m_run[mt][half] = CUPYATTN_NEG_INF;
+            l_run[mt][half] = 0.0f;
+        }
+    const int warp_row0 = m0 + warp * 16 * MT;  // the warp's first query row
+    // Shared-memory addresses of the rows this lane hands to ldmatrix (see mma.cuh
+    // for the mapping); the loops below add compile-time byte offsets.
+    constexpr int ROW = STRIDE * (int)sizeof(T), E = (int)sizeof(T);
     const int mi = lane / 8, rr = lane % 8;
-    const T* q_frag_row = q_tile + (warp * 16 + rr + (mi & 1) * 8) * STRIDE + (mi >> 1) * 8;
+    const unsigned q_addr = smem_addr(q_tile + (warp * 16 * MT + rr + (mi & 1) * 8) * STRIDE + (mi >> 1) * 8);
+    const unsigned k_addr0 = smem_addr(k_tile + ((mi >> 1) * 8 + rr) * STRIDE + (mi & 1) * 8);
+    const unsigned v_addr0 = smem_addr(v_tile + ((mi & 1) * 8 + rr) * STRIDE + (mi >> 1) * 8);
 
     for (int tile = 0; tile < n_tiles; ++tile) {
         if (tile + 1 < n_tiles) load_kv(tile + 1);  // the other stage, free since the last barrier
@@ -105,82 +121,101 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
         cp_async_wait<1>();  // everything but the newest group has landed: Q and this tile
         __syncthreads();
 
-        const T* ks = k_tile + (tile % 2) * BLOCK_N * STRIDE;
-        const T* vs = v_tile + (tile % 2) * BLOCK_N * STRIDE;
+        const unsigned k_addr = k_addr0 + (tile % 2) * BLOCK_N * ROW;
+        const unsigned v_addr = v_addr0 + (tile % 2) * BLOCK_N * ROW;
         const int n0 = tile * BLOCK_N;
-
-        float s[N_BLOCKS][4];
+        // Causal: a warp whose last row precedes this tile's first key has nothing to add.
+        const bool warp_sees_tile = !CAUSAL || n0 <= warp_row0 + 16 * MT - 1 + causal_offset;
+        if (warp_sees_tile) {
+            float s[MT][N_BLOCKS][4];
 #pragma unroll
-        for (int j = 0; j < N_BLOCKS; ++j)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+                for (int j = 0; j < N_BLOCKS; ++j)
 #pragma unroll
-        for (int kk = 0; kk < D_PAD; kk += 16) {
-            unsigned a[4];
-            ldmatrix_x4(a, q_frag_row + kk);
+                    for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.0f;
+            // S = Q K^T: each K fragment feeds all MT m-tiles of the warp.
 #pragma unroll
-            for (int j = 0; j < N_BLOCKS; j += 2) {
-                unsigned b[4];  // b0, b1 of key blocks j and j + 1
-                ldmatrix_x4(b, ks + (j * 8 + (mi >> 1) * 8 + rr) * STRIDE + kk + (mi & 1) * 8);
-                mma_16816(s[j], a, b[0], b[1], T());
-                mma_16816(s[j + 1], a, b[2], b[3], T());
-            }
-        }
-
-        // Mask only tiles that reach past the sequence end or the causal diagonal.
-        const bool needs_mask = n0 + BLOCK_N > seqlen_k ||
-                                (CAUSAL && n0 + BLOCK_N - 1 > m0 + warp * 16 + causal_offset);
+            for (int kk = 0; kk < D_PAD; kk += 16) {
+                unsigned a[MT][4];
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int row = row0 + half * 8;
-            float row_max = CUPYATTN_NEG_INF;
+                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], q_addr + mt * 16 * ROW + kk * E);
 #pragma unroll
-            for (int j = 0; j < N_BLOCKS; ++j)
+                for (int j = 0; j < N_BLOCKS; j += 2) {
+                    unsigned b[4];  // b0, b1 of key blocks j and j + 1
+                    ldmatrix_x4(b, k_addr + j * 8 * ROW + kk * E);
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[j][half * 2 + e];
-                    const int col = n0 + j * 8 + 2 * t + e;
-                    const bool visible = !needs_mask ||
-                                         (col < seqlen_k && (!CAUSAL || col <= row + causal_offset));
-                    x = visible ? x * scale_log2 : CUPYATTN_NEG_INF;
-                    row_max = fmaxf(row_max, x);
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_16816(s[mt][j], a[mt], b[0], b[1], T());
+                        mma_16816(s[mt][j + 1], a[mt], b[2], b[3], T());
+                    }
                 }
-            row_max = group_max<4>(row_max);  // the 4 lanes of a quad share a row
-            const float m_new = fmaxf(m_run[half], row_max);
-            const float base = m_new == CUPYATTN_NEG_INF ? 0.0f : m_new;
-            const float alpha = exp2f(m_run[half] - base);
-            float row_sum = 0.0f;
-#pragma unroll
-            for (int j = 0; j < N_BLOCKS; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[j][half * 2 + e];
-                    x = exp2f(x - base);
-                    row_sum += x;
-                }
-            l_run[half] = l_run[half] * alpha + group_sum<4>(row_sum);
-            m_run[half] = m_new;
-#pragma unroll
-            for (int j = 0; j < D_BLOCKS; ++j) {
-                o_acc[j][half * 2] *= alpha;
-                o_acc[j][half * 2 + 1] *= alpha;
             }
-        }
 
-        // O += P V, 16 keys (two S blocks = one A fragment) per k-step.
+            // Mask only tiles that reach past the sequence end or the warp's causal diagonal.
+            const bool needs_mask = n0 + BLOCK_N > seqlen_k ||
+                                    (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
 #pragma unroll
-        for (int kb = 0; kb < N_BLOCKS; kb += 2) {
-            unsigned a[4];
-            a[0] = MmaType<T>::pack(s[kb][0], s[kb][1]);
-            a[1] = MmaType<T>::pack(s[kb][2], s[kb][3]);
-            a[2] = MmaType<T>::pack(s[kb + 1][0], s[kb + 1][1]);
-            a[3] = MmaType<T>::pack(s[kb + 1][2], s[kb + 1][3]);
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int j = 0; j < D_BLOCKS; j += 2) {
-                unsigned b[4];  // b0, b1 of value columns j and j + 1
-                ldmatrix_x4_trans(b, vs + (kb * 8 + (mi & 1) * 8 + rr) * STRIDE + j * 8 + (mi >> 1) * 8);
-                mma_16816(o_acc[j], a, b[0], b[1], T());
-                mma_16816(o_acc[j + 1], a, b[2], b[3], T());
+                for (int half = 0; half < 2; ++half) {
+                    const int row = warp_row0 + mt * 16 + g + half * 8;
+                    float row_max = CUPYATTN_NEG_INF;
+#pragma unroll
+                    for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            float& x = s[mt][j][half * 2 + e];
+                            const int col = n0 + j * 8 + 2 * t + e;
+                            const bool visible = !needs_mask ||
+                                                 (col < seqlen_k && (!CAUSAL || col <= row + causal_offset));
+                            x = visible ? x * scale_log2 : CUPYATTN_NEG_INF;
+                            row_max = fmaxf(row_max, x);
+                        }
+                    row_max = group_max<4>(row_max);  // the 4 lanes of a quad share a row
+                    const float m_new = fmaxf(m_run[mt][half], row_max);
+                    const float base = m_new == CUPYATTN_NEG_INF ? 0.0f : m_new;
+                    const float alpha = exp2f(m_run[mt][half] - base);
+                    float row_sum = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            float& x = s[mt][j][half * 2 + e];
+                            x = exp2f(x - base);
+                            row_sum += x;
+                        }
+                    l_run[mt][half] = l_run[mt][half] * alpha + group_sum<4>(row_sum);
+                    m_run[mt][half] = m_new;
+#pragma unroll
+                    for (int j = 0; j < D_BLOCKS; ++j) {
+                        o_acc[mt][j][half * 2] *= alpha;
+                        o_acc[mt][j][half * 2 + 1] *= alpha;
+                    }
+                }
+
+            // O += P V, 16 keys (two S blocks = one A fragment) per k-step; each V
+            // fragment feeds all MT m-tiles.
+#pragma unroll
+            for (int kb = 0; kb < N_BLOCKS; kb += 2) {
+                unsigned a[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    a[mt][0] = MmaType<T>::pack(s[mt][kb][0], s[mt][kb][1]);
+                    a[mt][1] = MmaType<T>::pack(s[mt][kb][2], s[mt][kb][3]);
+                    a[mt][2] = MmaType<T>::pack(s[mt][kb + 1][0], s[mt][kb + 1][1]);
+                    a[mt][3] = MmaType<T>::pack(s[mt][kb + 1][2], s[mt][kb + 1][3]);
+                }
+#pragma unroll
+                for (int j = 0; j < D_BLOCKS; j += 2) {
+                    unsigned b[4];  // b0, b1 of value columns j and j + 1
+                    ldmatrix_x4_trans(b, v_addr + kb * 8 * ROW + j * 8 * E);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_16816(o_acc[mt][j], a[mt], b[0], b[1], T());
+                        mma_16816(o_acc[mt][j + 1], a[mt], b[2], b[3], T());
+                    }
+                }
             }
         }
         __syncthreads();  // this stage is free for the load two tiles ahead
@@ -189,20 +224,23 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
 
     // O /= l; rows that saw no key get O = 0 and lse = -inf.
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int r = warp * 16 + g + half * 8;
-        if (m0 + r >= seqlen_q) continue;
-        const float inv_l = l_run[half] > 0.0f ? 1.0f / l_run[half] : 0.0f;
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int j = 0; j < D_BLOCKS; ++j)
+        for (int half = 0; half < 2; ++half) {
+            const int r = warp * 16 * MT + mt * 16 + g + half * 8;
+            if (m0 + r >= seqlen_q) continue;
+            const float l = l_run[mt][half];
+            const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int d = j * 8 + 2 * t + e;
-                if (d < head_dim_v) out[r * o_ss + d] = Elem<T>::from_float(o_acc[j][half * 2 + e] * inv_l);
-            }
-        if (t == 0)
-            lse[r] = l_run[half] > 0.0f ? (m_run[half] + log2f(l_run[half])) * LN2 : CUPYATTN_NEG_INF;
-    }
+            for (int j = 0; j < D_BLOCKS; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int d = j * 8 + 2 * t + e;
+                    if (d < head_dim_v)
+                        out[r * o_ss + d] = Elem<T>::from_float(o_acc[mt][j][half * 2 + e] * inv_l);
+                }
+            if (t == 0) lse[r] = l > 0.0f ? (m_run[mt][half] + log2f(l)) * LN2 : CUPYATTN_NEG_INF;
+        }
 }
 
 }  // namespace cupyattn

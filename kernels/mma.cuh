@@ -53,17 +53,19 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-// Four 8x8 b16 matrices; lane l gives the row address of matrix l / 8, row l % 8.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* row_addr) {
+// Four 8x8 b16 matrices; lane l gives the row address of matrix l / 8, row l % 8,
+// as a 32-bit shared-memory address (smem_addr): one register instead of a
+// 64-bit generic pointer's two, which the 32-row tiles need.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned row_addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(row_addr)));
+                 : "r"(row_addr));
 }
 
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* row_addr) {
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned row_addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(row_addr)));
+                 : "r"(row_addr));
 }
 
 // 16-byte asynchronous copy; src_bytes < 16 zero-fills the rest (0: all zeros).
@@ -85,6 +87,9 @@ template <typename T, int ROWS, int COLS, int DST_STRIDE, int THREADS>
 __device__ __forceinline__ void cp_async_tile(T* dst, const T* src, long long src_stride,
                                               int valid_rows, int valid_cols) {
     constexpr int CHUNKS = COLS / 8;
+    // Not unrolled: unrolled, ptxas keeps every row's 64-bit source address live
+    // across the caller's whole K/V loop, registers the 32-row tiles need.
+#pragma unroll 1
     for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
         const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
         const bool ok = r < valid_rows && c < valid_cols;

@@ -46,7 +46,10 @@ def run_backward_and_check(*, B, Sq, Sk, Hq, Hkv, D, Dv, dtype, causal, scale=No
     assert all(a is b for a, b in zip(got, grads))
     ref = attention_backward_reference(hdo, hq, hk, hv, causal=causal, scale=scale)
     ref_p = attention_backward_reference(hdo, hq, hk, hv, causal=causal, scale=scale, precision=dtype)
-    reduction = max(Sq * (Hq // Hkv), Sk)  # longest sum behind any gradient element
+    # Longest float32 sum behind any gradient element: over queries (dK, dV), keys (dQ), or
+    # the head dims of dP = dO V^T and delta = rowsum(dO O), whose difference cancels
+    # exactly when a row sees one key (Sq = Sk = 1: dK = 0 up to their rounding).
+    reduction = max(Sq * (Hq // Hkv), Sk, D, Dv)
     bound = logit_bound(hq, hk, scale)
     for name, g, r, rp in zip(("dq", "dk", "dv"), got, ref, ref_p):
         g = testing.to_host(g)

@@ -217,3 +217,23 @@ def test_long_context_forward_needs_only_the_lse_as_workspace():
     cmp = testing.compare(testing.to_host(out)[:, rows], ref, ref_p, "bfloat16", S,
                           logit_bound=logit_bound(hq, hk))
     assert cmp.ok, str(cmp)
+
+
+def test_forward_at_64k_keys_allocates_only_out_and_lse():
+    """Issue 5: B=1, H=16, S=65536, D=128 bfloat16 runs with O(S) extra device memory
+    (the output and the log-sum-exp), never an S x S buffer; sampled rows are exact."""
+    B, S, H, D, dtype = 1, 65536, 16, 128, "bfloat16"
+    rng = np.random.default_rng(64)
+    hq, hk, hv = (testing.host_values((B, S, H, D), dtype, rng) for _ in range(3))
+    q, k, v = (testing.to_device(x, dtype) for x in (hq, hk, hv))
+    cupyattn.attention(q[:, :64], k[:, :64], v[:, :64], causal=True)  # compile outside the count
+    hook = testing.peak_allocation_hook()
+    with hook:
+        out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)
+    assert hook.peak <= out.nbytes + lse.nbytes + (1 << 20), (hook.peak, out.nbytes, lse.nbytes)
+    rows = np.sort(rng.choice(S, 48, replace=False))
+    ref, _ = attention_reference(hq, hk, hv, causal=True, rows=rows)
+    ref_p, _ = attention_reference(hq, hk, hv, causal=True, rows=rows, precision=dtype)
+    got = testing.to_host(out)[:, rows]
+    cmp = testing.compare(got, ref, ref_p, dtype, S, logit_bound=logit_bound(hq, hk))
+    assert cmp.ok, str(cmp)

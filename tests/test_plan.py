@@ -4,7 +4,8 @@ import pytest
 
 from cupyattn.device import NAMED_DEVICES, named_device, smem_limit_from_env
 from cupyattn.layout import align
-from cupyattn.plan import AttentionProblem, FwdSimtConfig, PlanError, blocks_per_sm, plan_forward
+from cupyattn.plan import (MAX_ACCUMULATORS_PER_LANE, AttentionProblem,
+                           FwdSimtConfig, MmaConfig, PlanError, blocks_per_sm, plan_forward)
 
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -135,7 +136,11 @@ def test_every_head_dim_dtype_and_causal_has_a_fitting_backward_plan(device):
                 bplan = plan_backward(AttentionProblem(dtype, d, d, causal), spec)
                 for plan in bplan.plans:
                     assert plan.smem_bytes <= spec.smem_per_block_optin
-                    assert plan.config.accumulators_per_lane <= 32
+                    if isinstance(plan.config, MmaConfig):
+                        assert plan.config.fits_registers(spec.compute_capability)
+                    else:
+                        assert plan.config.accumulators_per_lane <= MAX_ACCUMULATORS_PER_LANE
+                    assert getattr(plan.config, "valid", True)
 
 
 def test_backward_is_planned_apart_from_the_forward():
@@ -160,13 +165,38 @@ def test_tensor_core_forward_is_chosen_only_where_it_can_run():
         return plan_forward(problem, named_device(device)).config
 
     assert isinstance(cfg(), FwdMmaConfig) and isinstance(cfg("bfloat16", 256), FwdMmaConfig)
-    assert cfg(device="rtx3090").block_m == 64  # 128-row tiles need 104448 > 101376 bytes
+    assert cfg(device="rtx3090").block_m < 128 or cfg(device="rtx3090").block_n < 64  # 104448 > 101376 bytes
     assert isinstance(cfg(d=40, device="a100"), FwdMmaConfig)  # 40 pads to 48
     assert isinstance(cfg("float32"), FwdSimtConfig)
     assert isinstance(cfg(device="t4"), FwdSimtConfig)  # m16n8k16 needs sm_80
     assert isinstance(cfg(d=100), FwdSimtConfig)  # rows not a multiple of 16 bytes
     assert isinstance(cfg(d=128, dv=64), FwdSimtConfig)
     assert isinstance(cfg(aligned=False), FwdSimtConfig)
+
+
+def test_tensor_core_backward_is_chosen_only_where_it_can_run():
+    from cupyattn.plan import BwdDkdvMmaConfig, BwdDqMmaConfig, plan_backward
+
+    def cfgs(dtype="float16", d=128, dv=None, device="h100", aligned=True):
+        problem = AttentionProblem(dtype, d, dv or d, True, 4, 16, 16, 4096, 4096, aligned=aligned)
+        bplan = plan_backward(problem, named_device(device))
+        return bplan.dkdv.config, bplan.dq.config
+
+    for d in (64, 128, 256):
+        dkdv, dq = cfgs(d=d)
+        assert isinstance(dkdv, BwdDkdvMmaConfig) and isinstance(dq, BwdDqMmaConfig)
+    assert cfgs(d=256)[0].d_split == 2  # two warps share 16 keys: 128 dK/dV columns each
+    for kwargs in ({"dtype": "float32"}, {"device": "t4"}, {"d": 100}, {"dv": 64}, {"aligned": False}):
+        assert [type(c).__name__ for c in cfgs(**kwargs)] == ["BwdDkdvSimtConfig", "BwdDqSimtConfig"], kwargs
+
+
+def test_backward_tensor_core_layout_has_its_staged_rows_and_statistics():
+    from cupyattn.plan import BwdDkdvMmaConfig
+
+    lay = BwdDkdvMmaConfig("float16", 64, 64, 64, 4, True).layout
+    assert [b.name for b in lay] == ["k_tile", "v_tile", "q_tile", "do_tile", "lse_tile", "delta_tile"]
+    assert lay["q_tile"].shape == (2, 64, 72) and lay["lse_tile"].shape == (2, 64)
+    assert lay.total == 2 * 64 * 72 * 2 + 2 * (2 * 64 * 72 * 2) + 2 * (2 * 64 * 4)
 
 
 def test_tensor_core_layout_names_its_pipeline_stages_and_padding():

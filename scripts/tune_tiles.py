@@ -1,0 +1,104 @@
+"""Time every tensor-core tile candidate that fits this GPU, one kernel family at a time.
+
+For each head dim, the planner is restricted to one candidate tile of the family
+under test (the other families keep their default choice) and the call is timed
+(median of CUDA events, fresh inputs). The table orders the candidates by time; the
+planner's preference lists in cupyattn/plan.py are written from it.
+
+    PYTHONPATH=. python scripts/tune_tiles.py [--dtype float16] [--causal] [--json FILE]
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import cupy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cupyattn  # noqa: E402
+from cupyattn import plan as P  # noqa: E402
+from cupyattn.device import current_device  # noqa: E402
+from cupyattn.testing import median_ms  # noqa: E402
+
+FAMILIES = {  # name: (tile table attribute, config class, backward?)
+    "forward": ("FWD_MMA_TILES", P.FwdMmaConfig, False),
+    "dkdv": ("BWD_DKDV_MMA_TILES", P.BwdDkdvMmaConfig, True),
+    "dq": ("BWD_DQ_MMA_TILES", P.BwdDqMmaConfig, True),
+}
+
+
+def _restrict(attr, tiles):
+    setattr(P, attr, tuple(tiles))
+    P.plan_forward.cache_clear()
+    P.plan_backward.cache_clear()
+
+
+def _inputs(B, S, H, D, dtype):
+    rng = cupy.random.default_rng(1)
+    x = [rng.standard_normal((B, S, H, D), dtype=cupy.float32) for _ in range(4)]
+    if dtype == "float16":
+        return [a.astype(cupy.float16) for a in x]
+    from cupyattn.testing import bfloat16_dtype
+
+    return [(a.view(cupy.uint32) >> 16).astype(cupy.uint16).view(bfloat16_dtype()) for a in x]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--dims", default="64,128,256")
+    parser.add_argument("--seqlen", type=int, default=4096)
+    parser.add_argument("--families", default="forward,dkdv,dq")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    B, H, S = 4, 16, args.seqlen
+    spec = current_device()
+    originals = {attr: getattr(P, attr) for attr, _, _ in FAMILIES.values()}
+    rows = []
+    for family in args.families.split(","):
+        attr, cls, backward = FAMILIES[family]
+        for D in (int(d) for d in args.dims.split(",")):
+            q, k, v, do = _inputs(B, S, H, D, args.dtype)
+            for tile in originals[attr]:
+                cfg = cls(args.dtype, D, *tile, args.causal)
+                if not cfg.valid or cfg.layout.total > spec.smem_per_block_optin:
+                    continue
+                _restrict(attr, [tile])
+                try:
+                    if backward:
+                        out, lse = cupyattn.attention(q, k, v, causal=args.causal, return_lse=True)
+                        ms = median_ms(lambda: cupyattn.attention_backward(do, q, k, v, out, lse,
+                                                                           causal=args.causal),
+                                       repeats=10, warmup=2)
+                        bplan = P.plan_backward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S),
+                                                spec)
+                        chosen = (bplan.dkdv if family == "dkdv" else bplan.dq).config
+                    else:
+                        ms = median_ms(lambda: cupyattn.attention(q, k, v, causal=args.causal),
+                                       repeats=10, warmup=2)
+                        chosen = P.plan_forward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S),
+                                                spec).config
+                    assert chosen == cfg, (chosen, cfg)
+                    row = dict(family=family, D=D, tile=list(tile), ms=ms, name=cfg.name_expression,
+                               smem=cfg.layout.total)
+                except Exception as exc:  # a candidate that fails to compile or launch is reported, not fatal
+                    row = dict(family=family, D=D, tile=list(tile), ms=None, error=str(exc)[:300])
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            _restrict(attr, originals[attr])
+    print(f"\n{args.dtype} B={B} H={H} S={S} causal={args.causal}: whole-call ms "
+          "(backward: delta + dK/dV + dQ), fastest first")
+    for family in args.families.split(","):
+        for D in (int(d) for d in args.dims.split(",")):
+            timed = sorted((r for r in rows if r["family"] == family and r["D"] == D and r["ms"]),
+                           key=lambda r: r["ms"])
+            print(f"{family} D={D}: " + ", ".join(f"{tuple(r['tile'])} {r['ms']:.3f}" for r in timed))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
