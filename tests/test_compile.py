@@ -99,11 +99,19 @@ def test_installed_package_finds_its_kernels(tmp_path):
 @pytest.mark.parametrize("arch,device", [("sm_80", "a100"), ("sm_90", "h100")])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_tensor_core_forward_sass_has_hmma_and_no_local_memory(arch, device, dtype, d):
-    from cupyattn.plan import FwdMmaConfig
+@pytest.mark.parametrize("kernel", ["forward", "dkdv", "dq"])
+def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, d, kernel):
+    """The fast configurations as planned for an A100 / H100: tensor-core instructions, no spills."""
+    from cupyattn.plan import MmaConfig, plan_backward
 
-    cfg = plan_forward(AttentionProblem(dtype, d, d, True, 4, 16, 16, 4096, 4096), named_device(device)).config
-    assert isinstance(cfg, FwdMmaConfig)
+    problem = AttentionProblem(dtype, d, d, True, 4, 16, 16, 4096, 4096)
+    spec = named_device(device)
+    if kernel == "forward":
+        cfg = plan_forward(problem, spec).config
+    else:
+        bplan = plan_backward(problem, spec)
+        cfg = (bplan.dkdv if kernel == "dkdv" else bplan.dq).config
+    assert isinstance(cfg, MmaConfig)
     try:
         text = cc.sass(cc.compile_only(cfg, arch))
     except FileNotFoundError as exc:
