@@ -335,9 +335,9 @@ attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     auto load_kv = [&](int tile) {
         const int n0 = tile * BLOCK_N, stage = tile % 2;
         cp_async_tile<T, BLOCK_N, D_PAD, STRIDE, THREADS>(k_tile + stage * BLOCK_N * STRIDE, k_h + n0 * k_ss,
-                                                          k_ss, seqlen_k - n0, head_dim);
+                                                          k_ss, n_end - n0, head_dim);
         cp_async_tile<T, BLOCK_N, D_PAD, STRIDE, THREADS>(v_tile + stage * BLOCK_N * STRIDE, v_h + n0 * v_ss,
-                                                          v_ss, seqlen_k - n0, head_dim_v);
+                                                          v_ss, n_end - n0, head_dim_v);
     };
     if (n_tiles > 0) load_kv(0);
     cp_async_commit();

@@ -94,7 +94,8 @@ __device__ __forceinline__ void softmax_grad(float (&s)[ROWS][CPL], const float 
         for (int c = 0; c < CPL; ++c) {
             const float p = visible[r][c] ? exp2f(s[r][c] * scale_log2 - lse_log2[r][c]) : 0.0f;
             p_out[r][c] = p;
-            s[r][c] = p * (dp[r][c] - delta[r][c]);
+            // Selected, not multiplied: dP of an invisible key may be NaN (garbage in V).
+            s[r][c] = visible[r][c] ? p * (dp[r][c] - delta[r][c]) : 0.0f;
         }
 }
 
@@ -268,9 +269,9 @@ attn_bwd_dq_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     for (int n0 = 0; n0 < n_end; n0 += BLOCK_N) {
         __syncthreads();
         load_tile<T, BLOCK_N, D_PAD, L::K_STRIDE, THREADS>(
-            k_tile, k_h + n0 * k_ss, k_ss, seqlen_k - n0, head_dim);
+            k_tile, k_h + n0 * k_ss, k_ss, n_end - n0, head_dim);
         load_tile<T, BLOCK_N, DV_PAD, L::V_STRIDE, THREADS>(
-            v_tile, v_h + n0 * v_ss, v_ss, seqlen_k - n0, head_dim_v);
+            v_tile, v_h + n0 * v_ss, v_ss, n_end - n0, head_dim_v);
         __syncthreads();
 
         float s[ROWS][CPL], dp[ROWS][CPL], p[ROWS][CPL];

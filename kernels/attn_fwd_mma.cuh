@@ -83,9 +83,9 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     auto load_kv = [&](int tile) {
         const int n0 = tile * BLOCK_N, stage = tile % 2;
         cp_async_tile<T, BLOCK_N, D_PAD, STRIDE, THREADS>(k_tile + stage * BLOCK_N * STRIDE, k + n0 * k_ss,
-                                                          k_ss, seqlen_k - n0, head_dim);
+                                                          k_ss, n_end - n0, head_dim);
         cp_async_tile<T, BLOCK_N, D_PAD, STRIDE, THREADS>(v_tile + stage * BLOCK_N * STRIDE, v + n0 * v_ss,
-                                                          v_ss, seqlen_k - n0, head_dim_v);
+                                                          v_ss, n_end - n0, head_dim_v);
     };
     cp_async_tile<T, BLOCK_M, D_PAD, STRIDE, THREADS>(q_tile, q, q_ss, seqlen_q - m0, head_dim);
     if (n_tiles > 0) load_kv(0);

@@ -89,8 +89,8 @@ attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
     const Word* q_words = reinterpret_cast<const Word*>(q_tile) + warp * ROWS * (D_PAD / VEC);
     for (int n0 = 0; n0 < n_end; n0 += BLOCK_N) {
         __syncthreads();  // every warp is done with the previous K/V tiles
-        load_tile<T, BLOCK_N, D_PAD, L::K_STRIDE, THREADS>(k_tile, k + n0 * k_ss, k_ss, seqlen_k - n0, head_dim);
-        load_tile<T, BLOCK_N, DV_PAD, DV_PAD, THREADS>(v_tile, v + n0 * v_ss, v_ss, seqlen_k - n0, head_dim_v);
+        load_tile<T, BLOCK_N, D_PAD, L::K_STRIDE, THREADS>(k_tile, k + n0 * k_ss, k_ss, n_end - n0, head_dim);
+        load_tile<T, BLOCK_N, DV_PAD, DV_PAD, THREADS>(v_tile, v + n0 * v_ss, v_ss, n_end - n0, head_dim_v);
         __syncthreads();
 
         float s[ROWS][CPL];  // S = Q K^T for this warp's rows and this lane's keys

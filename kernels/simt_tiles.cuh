@@ -44,6 +44,9 @@ __device__ __forceinline__ QueryBlock query_block(int num_m_tiles, int n_heads_q
 
 // One past the last key a block of query rows [m0, m0 + BLOCK_M) can see: all of
 // them, or up to the causal boundary of its last row (0 if that row sees none).
+// The forward and dQ kernels load K/V only up to here and zero-fill the rest of the
+// last tile: keys no row of the block may see are never read, so NaN or inf there
+// cannot reach an output through 0 * NaN.
 template <bool CAUSAL, int BLOCK_M>
 __device__ __forceinline__ int key_end(int m0, int seqlen_q, int seqlen_k, int causal_offset) {
     if (!CAUSAL) return seqlen_k;

@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
-# compute-sanitizer over scripts/sanitize_cases.py, one tool at a time; prints each
-# tool's summary line. Usage on a GPU machine from the checkout:
+# compute-sanitizer, one tool at a time: first on the tool's planted bug
+# (scripts/sanitize_planted.py; it must report errors, or the tool is not live),
+# then on the reduced suite (scripts/sanitize_cases.py; it must report none).
+# Prints each run's summary line and exits non-zero on any surprise.
+# Usage on a GPU machine from the checkout:
 #   bash scripts/sanitize.sh [memcheck racecheck synccheck initcheck]
 set -uo pipefail
 export PYTHONPATH=. CUPY_CACHE_DIR="${CUPY_CACHE_DIR:-$PWD/.cupy_cache}"
 python3 scripts/sanitize_cases.py > /dev/null  # compile outside the sanitizer
 tools=("$@"); [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck initcheck)
+status=0
+summary() { grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | tail -1; }
+errors() { grep -oE "SUMMARY: [0-9]+" | grep -oE "[0-9]+$"; }
 for tool in "${tools[@]}"; do
-    echo "== $tool"
-    compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/sanitize_cases.py 2>&1 | tail -4
+    planted=$(timeout 120 compute-sanitizer --tool "$tool" --print-limit 5 python3 scripts/sanitize_planted.py "$tool" 2>&1 | summary)
+    echo "== $tool, planted bug: $planted"
+    [ "$(echo "$planted" | errors)" -gt 0 ] 2>/dev/null || { echo "   the planted bug was NOT found"; status=1; }
+    suite=$(compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/sanitize_cases.py 2>&1 | tee "/tmp/sanitize_$tool.log" | summary)
+    echo "== $tool, suite: $suite"
+    [ "$(echo "$suite" | errors)" = "0" ] || { echo "   errors in the suite: /tmp/sanitize_$tool.log"; status=1; }
 done
+exit $status

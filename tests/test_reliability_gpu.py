@@ -1,0 +1,258 @@
+"""Reliability on the GPU (issue 7): garbage no query may see, determinism, streams,
+threads, and shapes past the 16- and 32-bit limits.
+
+Bitwise checks compare raw bits, so -0.0 vs 0.0 or a different NaN payload would fail.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+
+import cupyattn
+from cupyattn import compile as cc
+from cupyattn import testing
+from cupyattn.reference import (attention_backward_reference, attention_reference, logit_bound,
+                                round_to)
+
+pytestmark = pytest.mark.gpu
+
+# (dtype, head dim): the tensor-core path (half types, head dim a multiple of 8) and
+# the SIMT path (float32; float16 at an odd head dim).
+PATHS = [("float16", 64), ("bfloat16", 64), ("float32", 64), ("float16", 36)]
+
+
+def _bits(x):
+    import cupy
+
+    return cupy.ascontiguousarray(x).view(cupy.dtype(f"u{x.itemsize}")).get()
+
+
+def _inputs(shapes, dtype, seed):
+    rng = np.random.default_rng(seed)
+    host = [testing.host_values(s, dtype, rng) for s in shapes]
+    return host, [testing.to_device(x, dtype) for x in host]
+
+
+def _fwd_bwd(q, k, v, dout, causal):
+    out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True)
+    grads = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=causal)
+    return [_bits(x) for x in (out, lse, *grads)]
+
+
+def _assert_bitwise_equal(got, want, names=("out", "lse", "dq", "dk", "dv")):
+    for name, a, b in zip(names, got, want):
+        assert np.array_equal(a, b), f"{name} differs bitwise ({np.count_nonzero(a != b)} elements)"
+
+
+@pytest.mark.parametrize("dtype,D", PATHS)
+def test_nan_and_inf_in_keys_no_query_may_see_change_nothing(dtype, D):
+    """top_left causal with Sk > Sq: keys Sq.. are seen by no query. NaN keys and
+    inf/NaN values there leave out, lse, dq, dk, dv bitwise as with clean ones."""
+    import cupy
+
+    B, Sq, Sk, H = 2, 70, 200, 3
+    _, (q, k, v, dout) = _inputs([(B, Sq, H, D), (B, Sk, H, D), (B, Sk, H, D), (B, Sq, H, D)], dtype, 7)
+    clean = _fwd_bwd(q, k, v, dout, "top_left")
+    k2, v2 = k.copy(), v.copy()
+    testing.poison(k2[:, Sq:])
+    testing.poison(v2[:, Sq::2])
+    inf_bits = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000}[dtype]
+    v2[:, Sq + 1::2].view(cupy.dtype(f"u{v2.itemsize}")).fill(inf_bits)
+    _assert_bitwise_equal(_fwd_bwd(q, k2, v2, dout, "top_left"), clean)
+
+
+@pytest.mark.parametrize("dtype,D", PATHS)
+def test_nan_past_the_logical_end_of_a_view_changes_nothing(dtype, D):
+    """K and V viewed out of longer buffers whose tail is NaN give the bits of clean copies."""
+    B, Sq, Sk, H = 2, 33, 77, 2
+    _, (q, dout) = _inputs([(B, Sq, H, D), (B, Sq, H, D)], dtype, 8)
+    _, (k_long, v_long) = _inputs([(B, 128, H, D), (B, 128, H, D)], dtype, 9)
+    testing.poison(k_long[:, Sk:])
+    testing.poison(v_long[:, Sk:])
+    k, v = k_long[:, :Sk], v_long[:, :Sk]
+    for causal in (False, True):
+        _assert_bitwise_equal(_fwd_bwd(q, k, v, dout, causal), _fwd_bwd(q, k.copy(), v.copy(), dout, causal))
+
+
+@pytest.mark.parametrize("dtype,D", [("float16", 64), ("float32", 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_and_backward_are_bitwise_deterministic_over_100_repeats(dtype, D, causal):
+    B, S, H = 32, 128, 4
+    _, (q, k, v, dout) = _inputs([(B, S, H, D)] * 4, dtype, 10)
+    first = _fwd_bwd(q, k, v, dout, causal)
+    for _ in range(99):
+        _assert_bitwise_equal(_fwd_bwd(q, k, v, dout, causal), first)
+
+
+_SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+"""
+
+
+def test_runs_on_a_non_default_stream_while_another_is_busy_without_device_sync():
+    """A kernel spinning on stream A for ~0.5 s; forward and backward on stream B return
+    (and finish) while A still runs: no device-wide synchronization on the call path."""
+    import cupy
+
+    dtype, (B, S, H, D) = "float16", (2, 256, 4, 64)
+    host, (q, k, v, dout) = _inputs([(B, S, H, D)] * 4, dtype, 11)
+    _fwd_bwd(q, k, v, dout, True)  # compile and load outside the measured calls
+    spin = cupy.RawKernel(_SPIN, "spin")
+    busy, work = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    clock_hz = cupy.cuda.runtime.getDeviceProperties(0)["clockRate"] * 1000
+    with busy:
+        spin((1,), (1,), (np.int64(clock_hz // 2),))
+        busy_done = busy.record()
+    with work:
+        out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)
+        dq, dk, dv = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True)
+        work_done = work.record()
+    work_done.synchronize()
+    assert not busy_done.done, "the calls waited for another stream's work"
+    busy_done.synchronize()
+    ref, _ = attention_reference(*host[:3], causal=True)
+    ref_p, _ = attention_reference(*host[:3], causal=True, precision=dtype)
+    cmp = testing.compare(testing.to_host(out), ref, ref_p, dtype, S, logit_bound=logit_bound(host[0], host[1]))
+    assert cmp.ok, str(cmp)
+    refs = attention_backward_reference(host[3], *host[:3], causal=True)
+    refs_p = attention_backward_reference(host[3], *host[:3], causal=True, precision=dtype)
+    for name, g, r, rp in zip(("dq", "dk", "dv"), (dq, dk, dv), refs, refs_p):
+        cmp = testing.compare(testing.to_host(g), r, rp, dtype, S, factor=3.0,
+                              logit_bound=logit_bound(host[0], host[1]))
+        assert cmp.ok, f"{name}: {cmp}"
+
+
+def test_two_threads_first_calling_one_config_compile_once_and_both_are_right(monkeypatch):
+    import cupy
+
+    built = []
+    real_module = cupy.RawModule
+
+    def counting_module(*args, **kwargs):
+        built.append(tuple(kwargs.get("name_expressions", ())))
+        return real_module(*args, **kwargs)
+
+    monkeypatch.setattr(cc, "_cache", {})  # every config's first call happens in the threads
+    monkeypatch.setattr(cupy, "RawModule", counting_module)
+    dtype, (B, S, H, D) = "bfloat16", (1, 100, 2, 64)
+    host, (q, k, v) = _inputs([(B, S, H, D)] * 3, dtype, 12)
+    results, errors = [None, None], []
+
+    def call(i):
+        try:
+            with cupy.cuda.Stream(non_blocking=True) as s:
+                results[i] = testing.to_host(cupyattn.attention(q, k, v, causal=True))
+                s.synchronize()
+        except Exception as exc:  # reported below, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    forward = [names for names in built if "attn_fwd" in names[0]]
+    assert len(forward) == 1, forward
+    ref, _ = attention_reference(*host, causal=True)
+    ref_p, _ = attention_reference(*host, causal=True, precision=dtype)
+    for got in results:
+        cmp = testing.compare(got, ref, ref_p, dtype, S, logit_bound=logit_bound(host[0], host[1]))
+        assert cmp.ok, str(cmp)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_batch_times_heads_above_65535(dtype):
+    """B * Hq = 66000 query heads (a 2-D grid's y limit is 65535; ours is 1-D)."""
+    B, S, Hq, Hkv, D = 3, 16, 22000, 11000, 8
+    host, (q, k, v, dout) = _inputs([(B, S, Hq, D), (B, S, Hkv, D), (B, S, Hkv, D), (B, S, Hq, D)], dtype, 13)
+    out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)
+    grads = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True)
+    bound = logit_bound(host[0], host[1])
+    ref, _ = attention_reference(*host[:3], causal=True)
+    ref_p, _ = attention_reference(*host[:3], causal=True, precision=dtype)
+    cmp = testing.compare(testing.to_host(out), ref, ref_p, dtype, S, logit_bound=bound)
+    assert cmp.ok, str(cmp)
+    refs = attention_backward_reference(host[3], *host[:3], causal=True)
+    refs_p = attention_backward_reference(host[3], *host[:3], causal=True, precision=dtype)
+    for name, g, r, rp in zip(("dq", "dk", "dv"), grads, refs, refs_p):
+        cmp = testing.compare(testing.to_host(g), r, rp, dtype, 2 * S, factor=3.0, logit_bound=bound)
+        assert cmp.ok, f"{name}: {cmp}"
+
+
+def _dq_rows_reference(dout, q, k, v, rows, precision=None):
+    """dq at the given query rows of a causal, one-head problem (B = H = 1), computed
+    row by row: O(rows x S) instead of O(S^2). float64, or the same-precision variant
+    of attention_backward_reference (float32, P and dS rounded to ``precision``)."""
+    work = np.float64 if precision is None else np.float32
+    q, k, v, dout = (np.asarray(x[0, :, 0], work) for x in (q, k, v, dout))
+    scale = work(1.0 / np.sqrt(q.shape[-1]))
+    result = []
+    for i in rows:
+        keys = slice(0, i + 1)
+        s = (k[keys] @ q[i]).astype(work) * scale
+        p = np.exp(s - s.max())
+        p = (p / p.sum()).astype(work)
+        o = ((p if precision is None else round_to(p, precision)) @ v[keys]).astype(work)
+        if precision is not None:
+            o = round_to(o, precision)
+        dp = (v[keys] @ dout[i]).astype(work)
+        ds = p * (dp - dout[i] @ o)
+        if precision is not None:  # as attention_backward_reference: dS rounded before dS K
+            ds = round_to(ds, precision)
+        g = (ds @ k[keys]).astype(work) * scale
+        result.append(g if precision is None else round_to(g, precision))
+    return np.stack(result)[None, :, None, :]
+
+
+def test_256k_keys_forward_rows_and_dq_rows_are_right():
+    """S = 262144, causal, one head: sampled rows of out and dq against references."""
+    dtype, S, D = "float16", 262144, 64
+    host, (q, k, v, dout) = _inputs([(1, S, 1, D)] * 4, dtype, 14)
+    out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True)
+    rows = np.array([0, 1, 4095, 100000, S - 2, S - 1])
+    bound = logit_bound(host[0], host[1])
+    ref, _ = attention_reference(*host[:3], causal=True, rows=rows)
+    ref_p, _ = attention_reference(*host[:3], causal=True, rows=rows, precision=dtype)
+    cmp = testing.compare(testing.to_host(out)[:, rows], ref, ref_p, dtype, S, logit_bound=bound)
+    assert cmp.ok, str(cmp)
+    ref = _dq_rows_reference(host[3], *host[:3], rows)
+    ref_p = _dq_rows_reference(host[3], *host[:3], rows, precision=dtype)
+    cmp = testing.compare(testing.to_host(dq)[:, rows], ref, ref_p, dtype, S, factor=3.0, logit_bound=bound)
+    assert cmp.ok, f"dq: {cmp}"
+    for name, g in (("dk", dk), ("dv", dv)):
+        assert np.isfinite(testing.to_host(g)).all(), f"{name} has non-finite values"
+
+
+def test_arrays_over_2_31_elements():
+    """q, k, v, out and the gradients hold 2048 * 8200 * 128 > 2**31 elements each: the
+    last head starts past element 2**31, where 32-bit offsets would wrap."""
+    import cupy
+
+    B, S, H, D, dtype = 1, 2048, 8200, 128, "float16"
+    assert B * S * H * D > 2**31
+    if cupy.cuda.runtime.memGetInfo()[0] < 56 * 2**30:
+        pytest.skip("needs 56 GiB of free device memory")
+    rng = cupy.random.default_rng(15)
+    q, k, v, dout = (rng.standard_normal((B, S, H, D), dtype=cupy.float32).astype(cupy.float16)
+                     for _ in range(4))
+    out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)
+    grads = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True)
+    for h in (0, H - 1):
+        host = [testing.to_host(x[:, :, h:h + 1]) for x in (q, k, v, dout)]
+        bound = logit_bound(host[0], host[1])
+        ref, _ = attention_reference(*host[:3], causal=True)
+        ref_p, _ = attention_reference(*host[:3], causal=True, precision=dtype)
+        cmp = testing.compare(testing.to_host(out[:, :, h:h + 1]), ref, ref_p, dtype, S, logit_bound=bound)
+        assert cmp.ok, f"head {h} out: {cmp}"
+        refs = attention_backward_reference(host[3], *host[:3], causal=True)
+        refs_p = attention_backward_reference(host[3], *host[:3], causal=True, precision=dtype)
+        for name, g, r, rp in zip(("dq", "dk", "dv"), grads, refs, refs_p):
+            cmp = testing.compare(testing.to_host(g[:, :, h:h + 1]), r, rp, dtype, S, factor=3.0,
+                                  logit_bound=bound)
+            assert cmp.ok, f"head {h} {name}: {cmp}"
