@@ -10,7 +10,7 @@ export PYTHONPATH=. CUPY_CACHE_DIR="${CUPY_CACHE_DIR:-$PWD/.cupy_cache}"
 python3 scripts/sanitize_cases.py > /dev/null  # compile outside the sanitizer
 tools=("$@"); [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck initcheck)
 status=0
-summary() { grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | tail -1; }
+summary() { grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | head -1; }  # the total precedes "N errors were not printed"
 errors() { grep -oE "SUMMARY: [0-9]+" | grep -oE "[0-9]+$"; }
 for tool in "${tools[@]}"; do
     planted=$(timeout 120 compute-sanitizer --tool "$tool" --print-limit 5 python3 scripts/sanitize_planted.py "$tool" 2>&1 | summary)

@@ -20,18 +20,19 @@ extern "C" __global__ void out_of_bounds(float* out, int n) {
     out[threadIdx.x + (threadIdx.x == 0 ? n : 0)] = 1.0f;
 }
 
-// racecheck: two warps write and read one shared word with no barrier between.
+// racecheck: each thread reads the shared word a thread of the other warp writes,
+// with no barrier between (a read of its own word could be forwarded from the store).
 extern "C" __global__ void shared_race(int* out) {
-    __shared__ int word;
-    word = threadIdx.x;
-    out[threadIdx.x] = word;
+    __shared__ volatile int words[64];
+    words[threadIdx.x] = threadIdx.x;
+    out[threadIdx.x] = words[(threadIdx.x + 32) % 64];
 }
 
-// synccheck: a block barrier only the first warp reaches (the second exits, so
-// the block cannot hang: exited threads count as arrived on sm_70+).
-extern "C" __global__ void divergent_barrier(int* out) {
-    if (threadIdx.x >= 32) return;
-    __syncthreads();
+// synccheck: __syncwarp with a mask that leaves out the calling thread (synccheck's
+// "invalid arguments"). A barrier reached by one warp while the other exits is
+// legal on sm_70+ (exited threads count as arrived) and is not reported.
+extern "C" __global__ void bad_syncwarp_mask(int* out) {
+    __syncwarp(0xffffffffu ^ (1u << (threadIdx.x % 32)));
     out[threadIdx.x] = threadIdx.x;
 }
 
@@ -52,8 +53,8 @@ def main(tool: str):
         out = cupy.empty(64, dtype=cupy.int32)
         module.get_function("shared_race")((1,), (64,), (out,))
     elif tool == "synccheck":
-        out = cupy.empty(64, dtype=cupy.int32)
-        module.get_function("divergent_barrier")((1,), (64,), (out,))
+        out = cupy.empty(32, dtype=cupy.int32)
+        module.get_function("bad_syncwarp_mask")((1,), (32,), (out,))
     elif tool == "initcheck":
         src, out = cupy.empty(32, dtype=cupy.float32), cupy.empty(32, dtype=cupy.float32)
         module.get_function("uninitialized_read")((1,), (32,), (src, out))
