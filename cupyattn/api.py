@@ -26,6 +26,36 @@ def _dtype_name(x) -> str:
     return np.dtype(x.dtype).name
 
 
+def _as_cupy(name: str, x):
+    """A zero-copy CuPy view of a foreign GPU array (anything with ``__dlpack__`` or
+    ``__cuda_array_interface__``: torch tensors, JAX arrays, Numba arrays); CuPy and
+    NumPy arrays and None pass through unchanged (NumPy is refused later, clearly).
+
+    DLPack is asked first: CuPy hands its current stream to the producer, which orders
+    its pending work on that array before it (the DLPack stream protocol).
+    ``__cuda_array_interface__`` v3 producers name their stream and CuPy waits on it.
+    """
+    import cupy
+
+    if x is None or isinstance(x, (cupy.ndarray, np.ndarray)):
+        return x
+    problems = []
+    if hasattr(x, "__dlpack__"):
+        try:
+            return cupy.from_dlpack(x)
+        except Exception as exc:  # e.g. a host tensor, or a dtype this CuPy cannot import
+            problems.append(f"DLPack: {exc}")
+    if hasattr(x, "__cuda_array_interface__"):
+        try:
+            return cupy.asarray(x)
+        except Exception as exc:
+            problems.append(f"__cuda_array_interface__: {exc}")
+    if problems:
+        raise TypeError(f"{name}: could not view {type(x).__module__}.{type(x).__name__} as a GPU array "
+                        f"without copying ({'; '.join(problems)})")
+    return x
+
+
 def _require_cupy(name: str, x):
     import cupy
 
@@ -209,6 +239,9 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
     Args:
         q: (B, Sq, Hq, D) CuPy array, float16, bfloat16 or float32; any strides
            with a contiguous last dimension (views of packed QKV work without copies).
+           Any GPU array with ``__dlpack__`` or ``__cuda_array_interface__`` (a torch
+           tensor, a JAX array) is viewed without a copy, for every array argument;
+           results are CuPy arrays (with ``out=``, a view of the caller's memory).
         k: (B, Sk, Hkv, D), same dtype and device; Hq must be divisible by Hkv (GQA/MQA).
         v: (B, Sk, Hkv, Dv). Head dims 1..256.
         causal: False; True or "bottom_right" (query i sees key j iff j <= i + Sk - Sq,
@@ -225,6 +258,7 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
     """
     import cupy
 
+    q, k, v, out = (_as_cupy(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("out", out)))
     call = _validate(q, k, v, causal, scale, layout)
     out = _output("out", out, call.out_shape, call)
     lse = cupy.empty((call.B, call.Hq, call.Sq), dtype=cupy.float32)
@@ -280,6 +314,9 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     """
     import cupy
 
+    named = (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse),
+             ("dq", dq), ("dk", dk), ("dv", dv))
+    dout, q, k, v, out, lse, dq, dk, dv = (_as_cupy(n, x) for n, x in named)
     call = _validate(q, k, v, causal, scale, layout)
     _check_like("dout", dout, call.out_shape, call.dtype, call.device_id)
     _check_like("out", out, call.out_shape, call.dtype, call.device_id)

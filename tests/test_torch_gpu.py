@@ -1,0 +1,149 @@
+"""cupyattn from PyTorch (issue 8) and foreign arrays through the core API.
+
+Reference rule as elsewhere: |got - ref64| <= factor * |same-precision ref - ref64| + floor,
+with SDPA's math backend in float64 as ref64 and in the input dtype as the
+same-precision reference. Skipped without a GPU or without torch.
+"""
+
+import numpy as np
+import pytest
+
+from cupyattn import testing
+from cupyattn.reference import logit_bound
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("torch sees no CUDA device", allow_module_level=True)
+
+import cupyattn.torch as ca_torch  # noqa: E402
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def _sdpa(q, k, v, is_causal, scale=None):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    group = q.shape[1] // k.shape[1]
+    k, v = (x.repeat_interleave(group, dim=1) for x in (k, v))
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+
+
+def _grads(fn, inputs, dout):
+    inputs = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*inputs)
+    out.backward(dout)
+    return [out.detach()] + [x.grad for x in inputs]
+
+
+def _check(name, got, ref64, ref_same, dtype, seqlen, factor, bound):
+    cmp = testing.compare(got.double().cpu().numpy(), ref64.cpu().numpy(), ref_same.double().cpu().numpy(),
+                          str(dtype).replace("torch.", ""), seqlen, factor=factor, logit_bound=bound)
+    assert cmp.ok, f"{name}: {cmp}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 77, 77, 64), (1, 6, 3, 40, 129, 128), (2, 2, 2, 1, 33, 32)])
+def test_outputs_and_gradients_match_sdpa_math_in_float64(dtype, layout, shape):
+    B, Hq, Hkv, Sq, Sk, D = shape
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(s, device="cuda", generator=g) for s in
+                     ((B, Hq, Sq, D), (B, Hkv, Sk, D), (B, Hkv, Sk, D), (B, Hq, Sq, D)))
+    causal = Sq <= Sk  # top_left with Sq > Sk would leave rows that see no key
+    to = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
+
+    def ours(q_, k_, v_):
+        return to(ca_torch.attention(to(q_), to(k_), to(v_), causal="top_left" if causal else False,
+                                     layout=layout))
+
+    low = [x.to(dtype) for x in (q, k, v)]
+    got = _grads(ours, low, dout.to(dtype))
+    same = _grads(lambda a, b, c: _sdpa(a, b, c, causal), low, dout.to(dtype))
+    ref = _grads(lambda a, b, c: _sdpa(a, b, c, causal), [x.to(dtype).double() for x in (q, k, v)],
+                 dout.to(dtype).double())
+    bound = logit_bound(*(x.to(dtype).float().transpose(1, 2).cpu().numpy() for x in (q, k)))
+    for name, a, r, s, factor in zip(("out", "dq", "dk", "dv"), got, ref, same, (2.0, 3.0, 3.0, 3.0)):
+        assert a.dtype == dtype and a.shape == r.shape
+        _check(name, a, r, s, dtype, max(Sq, Sk, D) * (Hq // Hkv), factor, bound)
+
+
+def test_tensors_reach_the_kernels_without_a_copy_and_outputs_are_torch_memory():
+    q, k, v = (torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    assert ca_torch._as_cupy(q).data.ptr == q.data_ptr()
+    b = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
+    assert ca_torch._as_cupy(b).data.ptr == b.data_ptr()
+    before = torch.cuda.memory_allocated()
+    out = ca_torch.attention(q, k, v)
+    assert isinstance(out, torch.Tensor) and out.is_cuda
+    assert torch.cuda.memory_allocated() - before >= out.numel() * out.element_size()  # torch's allocator
+
+
+def test_runs_on_torchs_current_stream():
+    q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+               for _ in range(3))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = ca_torch.attention(q, k, v, causal=True)
+        out.sum().backward()
+    side.synchronize()
+    ref = _sdpa(*(x.detach().double() for x in (q, k, v)), True)
+    assert (out.double() - ref).abs().max().item() < 2e-2
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+def test_core_api_takes_torch_tensors_without_copies():
+    import cupyattn
+
+    q, k, v = (torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    out = torch.empty_like(q)
+    got = cupyattn.attention(q, k, v, out=out)
+    assert got.data.ptr == out.data_ptr()  # written into the caller's tensor
+    with pytest.raises(TypeError, match="q: could not view torch.Tensor as a GPU array without copying"):
+        cupyattn.attention(q.cpu(), k, v)
+
+
+class _Block(torch.nn.Module):
+    """A pre-norm transformer block whose attention is SDPA or cupyattn."""
+
+    def __init__(self, dim, heads, use_cupyattn):
+        super().__init__()
+        self.heads, self.use_cupyattn = heads, use_cupyattn
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        B, S, C = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(B, S, 3, self.heads, C // self.heads).unbind(2)
+        if self.use_cupyattn:
+            a = ca_torch.attention(q, k, v, causal="top_left", layout="bshd")
+        else:
+            a = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
+        x = x + self.proj(a.reshape(B, S, C))
+        return x + self.mlp(self.norm2(x))
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-3), (torch.bfloat16, 3e-2)])
+def test_a_transformer_block_trains_like_sdpa_for_20_steps(dtype, rtol):
+    losses = {}
+    for use in (False, True):
+        torch.manual_seed(0)
+        model = _Block(128, 4, use).cuda().to(dtype)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        x = torch.randn(8, 96, 128, device="cuda", generator=g).to(dtype)
+        target = torch.randn(8, 96, 128, device="cuda", generator=g).to(dtype)
+        curve = []
+        for _ in range(20):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x).float(), target.float())
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+        losses[use] = np.array(curve)
+    assert losses[True][-1] < losses[True][0]  # it learns
+    np.testing.assert_allclose(losses[True], losses[False], rtol=rtol)
