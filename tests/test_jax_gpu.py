@@ -1,0 +1,46 @@
+"""cupyattn from JAX (issue 8): eager forward and jax.grad against the float64 references.
+Skipped without jax or without a GPU that JAX sees."""
+
+import numpy as np
+import pytest
+
+from cupyattn import testing
+from cupyattn.reference import attention_backward_reference, attention_reference, logit_bound
+
+pytestmark = pytest.mark.gpu
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+if not any(d.platform == "gpu" for d in jax.devices()):
+    pytest.skip("JAX sees no GPU", allow_module_level=True)
+
+import cupyattn.jax as ca_jax  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_and_grad_match_the_references(dtype, causal):
+    rng = np.random.default_rng(0)
+    B, Sq, Sk, Hq, Hkv, D = 2, 50, 70, 4, 2, 64
+    hq, hk, hv, hdo = (testing.host_values(s, dtype, rng) for s in
+                       ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D)))
+    q, k, v, dout = (jnp.asarray(x, dtype=dtype) for x in (hq, hk, hv, hdo))
+    out = ca_jax.attention(q, k, v, causal)
+    bound = logit_bound(hq, hk)
+    ref, _ = attention_reference(hq, hk, hv, causal=causal)
+    ref_p, _ = attention_reference(hq, hk, hv, causal=causal, precision=dtype)
+    cmp = testing.compare(np.asarray(out, np.float32), ref, ref_p, dtype, Sk, logit_bound=bound)
+    assert cmp.ok, str(cmp)
+    _, vjp = jax.vjp(lambda a, b, c: ca_jax.attention(a, b, c, causal), q, k, v)
+    grads = vjp(dout)
+    refs = attention_backward_reference(hdo, hq, hk, hv, causal=causal)
+    refs_p = attention_backward_reference(hdo, hq, hk, hv, causal=causal, precision=dtype)
+    for name, g, r, rp in zip(("dq", "dk", "dv"), grads, refs, refs_p):
+        cmp = testing.compare(np.asarray(g, np.float32), r, rp, dtype, max(Sq * 2, Sk, D), factor=3.0,
+                              logit_bound=bound)
+        assert cmp.ok, f"{name}: {cmp}"
+
+
+def test_under_jit_it_says_why_it_cannot_run():
+    q = jnp.ones((1, 8, 1, 16), dtype="float16")
+    with pytest.raises(TypeError, match="runs eagerly"):
+        jax.jit(lambda x: ca_jax.attention(x, x, x))(q)
