@@ -222,8 +222,12 @@ class FwdMmaConfig(MmaConfig):
         if self.m_tiles == 1:
             return super().fits_registers(compute_capability)
         # Two m-tiles: the scores' exp2 and mask temporaries count twice. 192 takes
-        # (128, 64, 4) at head dim 64 and (128, 32, 4) at 128, both spill-free;
-        # (128, 64, 4) spills at 96 (sm_80-sm_90) and 128 (everywhere).
+        # (128, 64, 4) at head dim 64 and (128, 32, 4) at 128, both spill-free on
+        # sm_80-sm_90; (128, 64, 4) spills at 96 (sm_90) and 128 (everywhere). On
+        # sm_100 / sm_120, (128, 32, 4) at 128 needs 255 registers and spills 8 bytes
+        # (sm_120): two m-tiles stop at head dim 96 there.
+        if compute_capability >= (10, 0) and self.head_dim_pad > 96:
+            return False
         return self.m_tiles * (self.head_dim_pad + 2 * self.block_n) // 2 <= 192
 
 
