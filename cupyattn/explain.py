@@ -90,6 +90,8 @@ class KernelExplanation:
             "limit": self.limit,
             "rejected": [dict(name_expression=r.name_expression, bytes=r.smem_bytes, over_by=r.over_by)
                          for r in self.rejected],
+            "skipped_for_registers": [dict(name_expression=n, reason=why)
+                                      for n, why in self.plan.register_skipped],
             "blocks_per_sm_by_smem": self.blocks_per_sm_by_smem,
             "blocks_per_sm_by_registers": self.blocks_per_sm_by_registers,
             "compiled": None if c is None else dict(
@@ -108,6 +110,8 @@ class KernelExplanation:
         for r in self.rejected:
             lines.append(f"  rejected {r.name_expression}: {r.smem_bytes} bytes, "
                          f"{r.over_by} over the limit")
+        for name, why in self.plan.register_skipped:
+            lines.append(f"  skipped {name}: {why}")
         c = self.compiled
         if c is not None:
             lines.append(f"  compiled for {c.arch}: {c.registers} registers, spills "

@@ -187,8 +187,17 @@ class MmaConfig:
             return self.BUDGET_SM100
         return self.BUDGET_SM90 if compute_capability >= (9, 0) else self.BUDGET_SM80
 
+    def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
+        """Why this tile would spill registers on that architecture, or None if it fits."""
+        budget = self.register_budget(compute_capability)
+        if self.accumulators_per_lane <= budget:
+            return None
+        major, minor = compute_capability
+        return (f"{self.accumulators_per_lane} float32 accumulators per lane, over the spill-free "
+                f"budget of {budget} on sm_{major}{minor}")
+
     def fits_registers(self, compute_capability: tuple[int, int]) -> bool:
-        return self.accumulators_per_lane <= self.register_budget(compute_capability)
+        return self.register_reason(compute_capability) is None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,17 +227,22 @@ class FwdMmaConfig(MmaConfig):
     def accumulators_per_lane(self) -> int:  # O (head_dim) and S (block_n) per 16-row m-tile
         return self.m_tiles * (self.head_dim_pad + self.block_n) // 2
 
-    def fits_registers(self, compute_capability: tuple[int, int]) -> bool:
+    def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
         if self.m_tiles == 1:
-            return super().fits_registers(compute_capability)
+            return super().register_reason(compute_capability)
         # Two m-tiles: the scores' exp2 and mask temporaries count twice. 192 takes
         # (128, 64, 4) at head dim 64 and (128, 32, 4) at 128, both spill-free on
         # sm_80-sm_90; (128, 64, 4) spills at 96 (sm_90) and 128 (everywhere). On
         # sm_100 / sm_120, (128, 32, 4) at 128 needs 255 registers and spills 8 bytes
         # (sm_120): two m-tiles stop at head dim 96 there.
+        major, minor = compute_capability
         if compute_capability >= (10, 0) and self.head_dim_pad > 96:
-            return False
-        return self.m_tiles * (self.head_dim_pad + 2 * self.block_n) // 2 <= 192
+            return f"two 16-row m-tiles per warp spill above head dim 96 on sm_{major}{minor}"
+        weighted = self.m_tiles * (self.head_dim_pad + 2 * self.block_n) // 2
+        if weighted > 192:
+            return (f"two 16-row m-tiles per warp: {weighted} accumulators per lane counting the "
+                    f"scores twice, over the spill-free budget of 192")
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,6 +403,9 @@ class Plan:
     problem: AttentionProblem
     rejected: tuple[Rejected, ...]
     reason: str
+    # Tensor-core tiles left out before the shared-memory check: (name, why) for
+    # each tile that would spill registers on this architecture.
+    register_skipped: tuple[tuple[str, str], ...] = ()
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
@@ -416,6 +433,8 @@ class Plan:
         for r in self.rejected:
             lines.append(f"  rejected {r.name_expression}: {r.smem_bytes} bytes, "
                          f"{r.over_by} over the {r.limit}-byte limit")
+        for name, why in self.register_skipped:
+            lines.append(f"  skipped {name}: {why}")
         return "\n".join(lines)
 
 
@@ -527,21 +546,29 @@ def mma_eligible(problem: AttentionProblem, device: DeviceSpec) -> bool:
 
 
 def _mma_candidates(cls, tiles, problem: AttentionProblem, device: DeviceSpec, max_block_m: int,
-                    max_block_n: int):
+                    max_block_n: int, skipped: list):
+    """The tiles of ``tiles`` that suit the problem's size and compile without spills on
+    ``device``; those that would spill go to ``skipped`` as (name, why)."""
     d_pad = (problem.head_dim + 15) // 16 * 16
     for block_m, block_n, warps in tiles:
         if block_m > max(16, max_block_m) or block_n > max(16, max_block_n):
             continue
         cfg = cls(problem.dtype, d_pad, block_m, block_n, warps, bool(problem.causal))
-        if cfg.valid and cfg.fits_registers(device.compute_capability):
+        if not cfg.valid:
+            continue
+        why = cfg.register_reason(device.compute_capability)
+        if why is None:
             yield cfg
+        else:
+            skipped.append((cfg.name_expression, why))
 
 
 def _next_pow2_at_least_8(n: int) -> int:
     return max(8, 1 << (max(1, n) - 1).bit_length())
 
 
-def _choose(kind: str, configs, problem: AttentionProblem, device: DeviceSpec, num_blocks) -> Plan:
+def _choose(kind: str, configs, problem: AttentionProblem, device: DeviceSpec, num_blocks,
+            register_skipped=()) -> Plan:
     """Among ``configs`` (preference order) that fit the opt-in limit, the first that
     fills every SM with at least one block, else the fitting one with the most blocks."""
     limit = device.smem_per_block_optin
@@ -561,11 +588,11 @@ def _choose(kind: str, configs, problem: AttentionProblem, device: DeviceSpec, n
         if num_blocks(cfg) >= device.sm_count:
             reason = ("the most preferred tile that fits the opt-in limit and fills "
                       f"{device.sm_count} SMs ({num_blocks(cfg)} blocks)")
-            return Plan(cfg, device, problem, tuple(rejected), reason)
+            return Plan(cfg, device, problem, tuple(rejected), reason, tuple(register_skipped))
     cfg = max(fitting, key=num_blocks)
     reason = (f"no fitting tile fills {device.sm_count} SMs; this one gives the most blocks "
               f"({num_blocks(cfg)})")
-    return Plan(cfg, device, problem, tuple(rejected), reason)
+    return Plan(cfg, device, problem, tuple(rejected), reason, tuple(register_skipped))
 
 
 def _candidates(cls, tiles, problem: AttentionProblem, max_block_m: int, max_block_n: int):
@@ -597,10 +624,11 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
     """
     max_block_m = _next_pow2_at_least_8(problem.seqlen_q)
     configs = list(_candidates(FwdSimtConfig, FWD_SIMT_TILES, problem, max_block_m, 64))
+    skipped = []
     if mma_eligible(problem, device):  # tensor cores first, CUDA cores if no tile fits
         configs = list(_mma_candidates(FwdMmaConfig, FWD_MMA_TILES, problem, device, max_block_m,
-                                       _next_pow2_at_least_8(problem.seqlen_k))) + configs
-    return _choose("forward", configs, problem, device, _query_tiles_blocks(problem))
+                                       _next_pow2_at_least_8(problem.seqlen_k), skipped)) + configs
+    return _choose("forward", configs, problem, device, _query_tiles_blocks(problem), skipped)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -627,15 +655,18 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan
     max_m, max_n = _next_pow2_at_least_8(problem.seqlen_q), _next_pow2_at_least_8(problem.seqlen_k)
     dkdv = list(_candidates(BwdDkdvSimtConfig, BWD_DKDV_SIMT_TILES, problem, 64, max_n))
     dq = list(_candidates(BwdDqSimtConfig, FWD_SIMT_TILES, problem, max_m, 64))
+    dkdv_skipped, dq_skipped = [], []
     if mma_eligible(problem, device):  # tensor cores first, CUDA cores if no tile fits
-        dkdv = list(_mma_candidates(BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES, problem, device, max_m, max_n)) + dkdv
-        dq = list(_mma_candidates(BwdDqMmaConfig, BWD_DQ_MMA_TILES, problem, device, max_m, max_n)) + dq
+        dkdv = list(_mma_candidates(BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES, problem, device, max_m, max_n,
+                                    dkdv_skipped)) + dkdv
+        dq = list(_mma_candidates(BwdDqMmaConfig, BWD_DQ_MMA_TILES, problem, device, max_m, max_n,
+                                  dq_skipped)) + dq
     dkdv_blocks = lambda cfg: (problem.batch * problem.heads_kv
                                * -(-max(1, problem.seqlen_k) // cfg.block_n))
     return BackwardPlan(
         delta=BwdDeltaConfig(problem.dtype),
-        dkdv=_choose("backward dK/dV", dkdv, problem, device, dkdv_blocks),
-        dq=_choose("backward dQ", dq, problem, device, _query_tiles_blocks(problem)),
+        dkdv=_choose("backward dK/dV", dkdv, problem, device, dkdv_blocks, dkdv_skipped),
+        dq=_choose("backward dQ", dq, problem, device, _query_tiles_blocks(problem), dq_skipped),
     )
 
 

@@ -33,6 +33,14 @@ def test_explain_with_smem_limit_and_rejections():
     assert e.rejected and "over the limit" in str(e)
 
 
+def test_explain_names_tiles_skipped_for_registers_in_text_and_json():
+    e = explain(128, "float16", causal=True, device="h200", compile=False)
+    name = "cupyattn::attn_fwd_mma<__half, 128, 128, 64, 4, true>"
+    assert f"skipped {name}: two 16-row m-tiles per warp" in str(e)
+    skipped = json.loads(json.dumps(e.to_dict()))["kernels"][0]["skipped_for_registers"]
+    assert {"name_expression": name, "reason": dict(e.kernels[0].plan.register_skipped)[name]} in skipped
+
+
 def test_explain_compiles_for_the_named_architecture():
     pytest.importorskip("cupy")
     from test_compile import _nvrtc_reason

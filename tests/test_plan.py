@@ -206,3 +206,20 @@ def test_tensor_core_layout_names_its_pipeline_stages_and_padding():
     assert [b.name for b in lay] == ["q_tile", "k_tile", "v_tile"]
     assert lay["k_tile"].shape == (2, 64, 136) and "2 cp.async stages" in lay["k_tile"].note
     assert lay.total == 64 * 136 * 2 + 2 * (2 * 64 * 136 * 2)
+
+
+def test_tiles_left_out_for_registers_are_named_with_the_reason():
+    """The plan says which faster tensor-core tiles it did not consider and why."""
+    from cupyattn.plan import plan_backward
+
+    problem = AttentionProblem("float16", 128, 128, True, 4, 16, 16, 4096, 4096)
+    plan = plan_forward(problem, named_device("h200"))
+    skipped = dict(plan.register_skipped)
+    why = skipped["cupyattn::attn_fwd_mma<__half, 128, 128, 64, 4, true>"]
+    assert "two 16-row m-tiles per warp: 256 accumulators" in why and "192" in why
+    assert plan.config.name_expression not in skipped
+    assert "  skipped cupyattn::attn_fwd_mma<__half, 128, 128, 64, 4, true>: two 16-row" in plan.describe()
+    bplan = plan_backward(AttentionProblem("bfloat16", 256, 256, False), named_device("rtx5090"))
+    assert "over the spill-free budget of 80 on sm_120" in dict(bplan.dkdv.register_skipped)[
+        "cupyattn::attn_bwd_dkdv_mma<__nv_bfloat16, 256, 32, 32, 4, false>"]
+    assert plan_forward(AttentionProblem("float32", 128, 128, True), named_device("h200")).register_skipped == ()
