@@ -3,6 +3,7 @@
 # Usage on the GPU machine, from the checkout: bash scripts/gpu_tests.sh [pytest args]
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 CUPY_CACHE_DIR="$PWD/.cupy_cache"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX (tests/test_jax_gpu.py) must not take 75% of the GPU
 OUT=${OUT:-/tmp/cupyattn-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 python3 -m cupyattn check 2>&1 | tee "$OUT/check.log"

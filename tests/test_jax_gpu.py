@@ -1,6 +1,8 @@
 """cupyattn from JAX (issue 8): eager forward and jax.grad against the float64 references.
 Skipped without jax or without a GPU that JAX sees."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,8 @@ from cupyattn import testing
 from cupyattn.reference import attention_backward_reference, attention_reference, logit_bound
 
 pytestmark = pytest.mark.gpu
+# JAX would take 75% of the GPU's memory on first use, starving the other test workers.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 if not any(d.platform == "gpu" for d in jax.devices()):
