@@ -546,9 +546,12 @@ def mma_eligible(problem: AttentionProblem, device: DeviceSpec) -> bool:
 
 
 def _mma_candidates(cls, tiles, problem: AttentionProblem, device: DeviceSpec, max_block_m: int,
-                    max_block_n: int, skipped: list):
+                    max_block_n: int) -> tuple[list, list]:
     """The tiles of ``tiles`` that suit the problem's size and compile without spills on
-    ``device``; those that would spill go to ``skipped`` as (name, why)."""
+    ``device`` (none unless ``mma_eligible``), and (name, why) for those that would spill."""
+    configs, skipped = [], []
+    if not mma_eligible(problem, device):
+        return configs, skipped
     d_pad = (problem.head_dim + 15) // 16 * 16
     for block_m, block_n, warps in tiles:
         if block_m > max(16, max_block_m) or block_n > max(16, max_block_n):
@@ -558,9 +561,10 @@ def _mma_candidates(cls, tiles, problem: AttentionProblem, device: DeviceSpec, m
             continue
         why = cfg.register_reason(device.compute_capability)
         if why is None:
-            yield cfg
+            configs.append(cfg)
         else:
             skipped.append((cfg.name_expression, why))
+    return configs, skipped
 
 
 def _next_pow2_at_least_8(n: int) -> int:
@@ -624,11 +628,10 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
     """
     max_block_m = _next_pow2_at_least_8(problem.seqlen_q)
     configs = list(_candidates(FwdSimtConfig, FWD_SIMT_TILES, problem, max_block_m, 64))
-    skipped = []
-    if mma_eligible(problem, device):  # tensor cores first, CUDA cores if no tile fits
-        configs = list(_mma_candidates(FwdMmaConfig, FWD_MMA_TILES, problem, device, max_block_m,
-                                       _next_pow2_at_least_8(problem.seqlen_k), skipped)) + configs
-    return _choose("forward", configs, problem, device, _query_tiles_blocks(problem), skipped)
+    mma, skipped = _mma_candidates(FwdMmaConfig, FWD_MMA_TILES, problem, device, max_block_m,
+                                   _next_pow2_at_least_8(problem.seqlen_k))
+    # Tensor cores first, CUDA cores if no tile fits.
+    return _choose("forward", mma + configs, problem, device, _query_tiles_blocks(problem), skipped)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -653,14 +656,11 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan
     """The backward configurations: the dK/dV pass tiles keys, the dQ pass query rows;
     each is chosen as ``plan_forward`` chooses, from its own candidates."""
     max_m, max_n = _next_pow2_at_least_8(problem.seqlen_q), _next_pow2_at_least_8(problem.seqlen_k)
-    dkdv = list(_candidates(BwdDkdvSimtConfig, BWD_DKDV_SIMT_TILES, problem, 64, max_n))
-    dq = list(_candidates(BwdDqSimtConfig, FWD_SIMT_TILES, problem, max_m, 64))
-    dkdv_skipped, dq_skipped = [], []
-    if mma_eligible(problem, device):  # tensor cores first, CUDA cores if no tile fits
-        dkdv = list(_mma_candidates(BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES, problem, device, max_m, max_n,
-                                    dkdv_skipped)) + dkdv
-        dq = list(_mma_candidates(BwdDqMmaConfig, BWD_DQ_MMA_TILES, problem, device, max_m, max_n,
-                                  dq_skipped)) + dq
+    # Tensor cores first, CUDA cores if no tile fits.
+    dkdv, dkdv_skipped = _mma_candidates(BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES, problem, device, max_m, max_n)
+    dkdv += _candidates(BwdDkdvSimtConfig, BWD_DKDV_SIMT_TILES, problem, 64, max_n)
+    dq, dq_skipped = _mma_candidates(BwdDqMmaConfig, BWD_DQ_MMA_TILES, problem, device, max_m, max_n)
+    dq += _candidates(BwdDqSimtConfig, FWD_SIMT_TILES, problem, max_m, 64)
     dkdv_blocks = lambda cfg: (problem.batch * problem.heads_kv
                                * -(-max(1, problem.seqlen_k) // cfg.block_n))
     return BackwardPlan(

@@ -141,7 +141,8 @@ def attention_backward_reference(dout, q, k, v, causal=False, scale=None, layout
     float64 by default. With ``precision`` (the inputs' dtype) it is the
     same-precision reference: inputs rounded to it, float32 arithmetic, the
     forward output (which the backward's delta uses), P and dS (before they
-    enter their products) and the gradients rounded to it. With GQA, dk and dv are summed over the query heads of each group.
+    enter their products) and the gradients rounded to it. With GQA, dk and dv
+    are summed over the query heads of each group.
     """
     dout, q, k, v = (_to_bshd(x, layout) for x in (dout, q, k, v))
     if precision is None:

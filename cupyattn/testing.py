@@ -36,6 +36,18 @@ def host_values(shape, dtype: str, rng: np.random.Generator, scale: float = 1.0)
     return round_to(rng.standard_normal(shape, dtype=np.float32) * np.float32(scale), dtype)
 
 
+def device_values(shape, dtype: str, rng):
+    """Fresh standard-normal values made on the device by a ``cupy.random`` generator,
+    in ``dtype`` (bfloat16 by truncating the float32 bits): for sizes where host
+    generation and copying would dominate, when no host copy is needed."""
+    import cupy
+
+    x = rng.standard_normal(shape, dtype=cupy.float32)
+    if dtype == "bfloat16":
+        return (x.view(cupy.uint32) >> 16).astype(cupy.uint16).view(bfloat16_dtype())
+    return x if dtype == "float32" else x.astype(dtype)
+
+
 def to_device(x: np.ndarray, dtype: str):
     """A CuPy array of ``dtype`` holding the float32 values ``x`` (exact if pre-rounded)."""
     import cupy

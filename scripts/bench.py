@@ -22,7 +22,7 @@ import cupy
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cupyattn  # noqa: E402
-from cupyattn.testing import median_ms, peak_allocation_hook  # noqa: E402
+from cupyattn.testing import device_values, median_ms, peak_allocation_hook  # noqa: E402
 
 L2_BYTES = 64 << 20
 REPEATS, WARMUP = 20, 3
@@ -47,24 +47,10 @@ def _copies(nbytes):
     return max(1, min(8, -(-3 * L2_BYTES // max(1, nbytes))))
 
 
-def _cupy_inputs(B, H, S, D, dtype, n):
-    rng = cupy.random.default_rng(0)
-    sets = []
-    for _ in range(n):
-        x = [rng.standard_normal((B, S, H, D), dtype=cupy.float32) for _ in range(4)]
-        if dtype == "float16":
-            x = [a.astype(cupy.float16) for a in x]
-        else:
-            from cupyattn.testing import bfloat16_dtype
-
-            x = [(a.view(cupy.uint32) >> 16).astype(cupy.uint16).view(bfloat16_dtype()) for a in x]
-        sets.append(x)
-    return sets
-
-
 def bench_cupyattn(B, H, S, D, dtype, causal, backward):
     n = _copies(3 * B * S * H * D * 2)
-    sets = _cupy_inputs(B, H, S, D, dtype, n)
+    rng = cupy.random.default_rng(0)
+    sets = [[device_values((B, S, H, D), dtype, rng) for _ in range(4)] for _ in range(n)]
     it = iter(range(10**9))
     saved = []
     if not backward:

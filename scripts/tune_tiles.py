@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupyattn  # noqa: E402
 from cupyattn import plan as P  # noqa: E402
 from cupyattn.device import current_device  # noqa: E402
-from cupyattn.testing import median_ms  # noqa: E402
+from cupyattn.testing import device_values, median_ms  # noqa: E402
 
 FAMILIES = {  # name: (tile table attribute, config class, backward?)
     "forward": ("FWD_MMA_TILES", P.FwdMmaConfig, False),
@@ -33,16 +33,6 @@ def _restrict(attr, tiles):
     setattr(P, attr, tuple(tiles))
     P.plan_forward.cache_clear()
     P.plan_backward.cache_clear()
-
-
-def _inputs(B, S, H, D, dtype):
-    rng = cupy.random.default_rng(1)
-    x = [rng.standard_normal((B, S, H, D), dtype=cupy.float32) for _ in range(4)]
-    if dtype == "float16":
-        return [a.astype(cupy.float16) for a in x]
-    from cupyattn.testing import bfloat16_dtype
-
-    return [(a.view(cupy.uint32) >> 16).astype(cupy.uint16).view(bfloat16_dtype()) for a in x]
 
 
 def main():
@@ -61,7 +51,8 @@ def main():
     for family in args.families.split(","):
         attr, cls, backward = FAMILIES[family]
         for D in (int(d) for d in args.dims.split(",")):
-            q, k, v, do = _inputs(B, S, H, D, args.dtype)
+            rng = cupy.random.default_rng(1)
+            q, k, v, do = (device_values((B, S, H, D), args.dtype, rng) for _ in range(4))
             for tile in originals[attr]:
                 cfg = cls(args.dtype, D, *tile, args.causal)
                 if not cfg.valid or cfg.layout.total > spec.smem_per_block_optin:

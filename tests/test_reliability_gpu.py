@@ -239,8 +239,7 @@ def test_arrays_over_2_31_elements():
     if cupy.cuda.runtime.memGetInfo()[0] < 56 * 2**30:
         pytest.skip("needs 56 GiB of free device memory")
     rng = cupy.random.default_rng(15)
-    q, k, v, dout = (rng.standard_normal((B, S, H, D), dtype=cupy.float32).astype(cupy.float16)
-                     for _ in range(4))
+    q, k, v, dout = (testing.device_values((B, S, H, D), dtype, rng) for _ in range(4))
     out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)
     grads = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True)
     for h in (0, H - 1):
