@@ -190,3 +190,37 @@ def attention_backward_reference(dout, q, k, v, causal=False, scale=None, layout
     if layout == "bhsd":
         grads = [g.transpose(0, 2, 1, 3) for g in grads]
     return tuple(grads)
+
+
+def delta_cancellation_error(dout, q, k, v, causal=False, scale=None, layout="bshd"):
+    """(max over dq, max over dk) of the error that float32 rounding of dS = P (dP - delta)
+    can put into dq and dk, whatever their magnitude.
+
+    dP = dO . V_j and delta = dO . O are Dv-long float32 sums that a kernel forms in
+    different orders; where a row's probability sits on one key (O = V_j) they cancel
+    to rounding noise of size u * sum|dO V_j|, which dq = scale dS K and dk = scale dS^T Q
+    carry although the gradients themselves are ~0. Estimated here (float64) as
+    u32 * P * (|dO| |V_j| + |dO| |O|) propagated through |K| and |Q|, GQA groups summed.
+    """
+    dout, q, k, v = (np.asarray(_to_bshd(x, layout), np.float64) for x in (dout, q, k, v))
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    if scale is None:
+        scale = 1.0 / np.sqrt(D)
+    qh, doh = q.transpose(0, 2, 1, 3), dout.transpose(0, 2, 1, 3)
+    kh = np.repeat(k.transpose(0, 2, 1, 3), group, axis=1)
+    vh = np.repeat(v.transpose(0, 2, 1, 3), group, axis=1)
+    out, lse = attention_reference(q, k, v, causal=causal, scale=scale)
+    s = (qh @ np.swapaxes(kh, -1, -2)) * scale
+    offset = causal_offset(causal, Sq, Sk)
+    if offset is not None:
+        s = np.where(np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + offset, s, -np.inf)
+    with np.errstate(invalid="ignore"):
+        p = np.where(np.isfinite(lse[..., None]), np.exp(s - lse[..., None]), 0.0)
+    oh = out.transpose(0, 2, 1, 3)
+    terms = np.abs(doh) @ np.swapaxes(np.abs(vh), -1, -2) + (np.abs(doh) * np.abs(oh)).sum(-1, keepdims=True)
+    ds_err = unit_roundoff("float32") * p * terms
+    dq_err = abs(scale) * (ds_err @ np.abs(kh))
+    dk_err = abs(scale) * (np.swapaxes(ds_err, -1, -2) @ np.abs(qh)).reshape(B, Hkv, group, Sk, D).sum(2)
+    return float(dq_err.max(initial=0.0)), float(dk_err.max(initial=0.0))

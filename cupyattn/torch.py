@@ -37,6 +37,7 @@ def _as_cupy(t: torch.Tensor):
     CuPy imports; the view gets ml_dtypes' bfloat16 dtype back)."""
     import cupy
 
+    t = t.detach()  # a tensor that requires grad refuses DLPack export; same memory
     if t.dtype == torch.bfloat16:
         bf16 = bfloat16_dtype()
         if bf16 is None:
@@ -66,7 +67,11 @@ def _on_torch_stream(device: torch.device):
     import cupy
 
     stream = torch.cuda.current_stream(device)
-    with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(stream.cuda_stream, device.index):
+    if hasattr(stream, "__cuda_stream__"):  # the CUDA stream protocol, where this torch has it
+        cupy_stream = cupy.cuda.Stream.from_external(stream)
+    else:
+        cupy_stream = cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
+    with cupy.cuda.Device(device.index), cupy_stream:
         yield
 
 

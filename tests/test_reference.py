@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from cupyattn.reference import attention_reference, causal_offset, logit_bound, round_to, tolerance
+from cupyattn.reference import (attention_reference, causal_offset, delta_cancellation_error, logit_bound,
+                                round_to, tolerance)
 
 
 def naive(q, k, v, causal, scale):
@@ -155,3 +156,26 @@ def test_logit_bound_bounds_every_logit():
     q, k = rng.standard_normal((2, 9, 3, 16)), rng.standard_normal((2, 7, 3, 16))
     logits = np.einsum("bihd,bjhd->bhij", q, k) * 0.3
     assert np.abs(logits).max() <= logit_bound(q, k, 0.3) < 10 * np.abs(logits).max()
+
+
+def test_delta_cancellation_error_bounds_float32_noise_where_gradients_vanish():
+    # One key per row: P = 1, O = V, so dS = dP - delta is exactly 0 and so are dq, dk.
+    # Summing dP = dO . V and delta = dO . O in opposite float32 orders (as two kernels
+    # may) leaves noise that reaches dk; the estimate must cover it without being vacuous.
+    rng = np.random.default_rng(3)
+    B, S, H, D, Dv = 4, 1, 2, 8, 256
+    q, k = (rng.standard_normal((B, S, H, D)).astype(np.float32) for _ in range(2))
+    v, dout = (rng.standard_normal((B, S, H, Dv)).astype(np.float32) for _ in range(2))
+    scale = np.float32(1 / np.sqrt(D))
+    terms = dout * v  # O = V exactly
+    dp = np.zeros(terms.shape[:-1], np.float32)
+    delta = np.zeros(terms.shape[:-1], np.float32)
+    for d in range(Dv):  # sequential float32 sums, forwards and backwards
+        dp += terms[..., d]
+        delta += terms[..., Dv - 1 - d]
+    dk = scale * (dp - delta)[..., None] * q
+    dq_bound, dk_bound = delta_cancellation_error(dout, q, k, v)
+    assert np.abs(dk).max() > 0  # the orders did round differently
+    assert np.abs(dk).max() <= dk_bound
+    assert dk_bound < 1e-3 * np.abs(q).max()  # float32 noise, not a free pass
+    assert dq_bound > 0
