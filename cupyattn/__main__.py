@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from .plan import PRECISIONS
 from .testing import gpu_unavailable_reason
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal): square, GQA, odd
@@ -113,7 +114,8 @@ def cmd_plan(args) -> int:
 
     spec = resolve_device(args.device).with_smem_limit(args.smem_limit)
     problem = AttentionProblem(args.dtype, args.head_dim, args.head_dim_v or args.head_dim,
-                               args.causal, args.batch, args.heads, args.heads, args.seqlen, args.seqlen)
+                               args.causal, args.batch, args.heads, args.heads, args.seqlen, args.seqlen,
+                               precision=args.precision)
     print(plan_forward(problem, spec).describe())
     return 0
 
@@ -146,7 +148,7 @@ def cmd_explain(args) -> int:
     result = explain(args.head_dim, args.dtype, backward=args.backward, device=spec,
                      smem_limit=args.smem_limit, causal=args.causal, head_dim_v=args.head_dim_v,
                      batch=args.batch, heads=args.heads, seqlen_q=args.seqlen,
-                     compile=not args.no_compile)
+                     compile=not args.no_compile, precision=args.precision)
     if args.json:
         import json
 
@@ -167,7 +169,11 @@ def cmd_warmup(args) -> int:
     from .plan import planned_configs
 
     spec = current_device().with_smem_limit(args.smem_limit)
-    configs = planned_configs(spec, args.head_dim or CAPS_HEAD_DIMS, args.dtype or DTYPES, (False, True))
+    configs = planned_configs(spec, args.head_dim or CAPS_HEAD_DIMS, args.dtype or DTYPES, (False, True),
+                              precisions=args.precision or (None,))
+    if args.shard:  # "i/n": every n-th configuration from the i-th, for n processes side by side
+        i, n = (int(x) for x in args.shard.split("/"))
+        configs = dict(list(configs.items())[i::n])
     start = time.perf_counter()
     for i, cfg in enumerate(configs.values(), 1):
         t0 = time.perf_counter()
@@ -197,6 +203,8 @@ def main(argv=None) -> int:
     plan.add_argument("--heads", type=int, default=16)
     plan.add_argument("--seqlen", type=int, default=4096)
     plan.add_argument("--smem-limit", type=int, default=None)
+    plan.add_argument("--precision", action="append", choices=PRECISIONS,
+                      help="float32 only; repeatable, most preferred first (default fp32)")
     plan.set_defaults(func=cmd_plan)
 
     caps = sub.add_parser("caps", help="capability matrix: head dim x dtype x {forward, backward}")
@@ -221,6 +229,8 @@ def main(argv=None) -> int:
     exp.add_argument("--heads", type=int, default=16)
     exp.add_argument("--seqlen", type=int, default=4096)
     exp.add_argument("--smem-limit", type=int, default=None)
+    exp.add_argument("--precision", action="append", choices=PRECISIONS,
+                     help="float32 only; repeatable, most preferred first (default fp32)")
     exp.add_argument("--no-compile", action="store_true", help="skip the NVRTC resource report")
     exp.add_argument("--json", action="store_true")
     exp.set_defaults(func=cmd_explain)
@@ -228,6 +238,10 @@ def main(argv=None) -> int:
     warm = sub.add_parser("warmup", help="precompile every configuration this GPU will use")
     warm.add_argument("--dtype", action="append", choices=["float16", "bfloat16", "float32"])
     warm.add_argument("--head-dim", action="append", type=int)
+    warm.add_argument("--precision", action="append", choices=PRECISIONS,
+                      help="float32 modes to compile (repeatable; default fp32)")
+    warm.add_argument("--shard", default=None, help="i/n: compile every n-th configuration from the i-th "
+                      "(run n processes side by side; NVRTC compiles one at a time per process)")
     warm.add_argument("--smem-limit", type=int, default=None)
     warm.set_defaults(func=cmd_warmup)
     args = parser.parse_args(argv)

@@ -11,7 +11,7 @@ import numpy as np
 
 from .compile import get_kernel
 from .device import current_device, smem_limit_from_env
-from .plan import CXX_TYPES, MAX_HEAD_DIM, AttentionProblem, plan_backward, plan_forward
+from .plan import CXX_TYPES, MAX_HEAD_DIM, AttentionProblem, parse_precision, plan_backward, plan_forward
 from .reference import causal_offset as _causal_offset
 
 LAYOUTS = ("bshd", "bhsd")
@@ -136,6 +136,7 @@ class _Call:
     Dv: int
     causal_offset: int | None
     scale: float
+    precision: tuple[str, ...]
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -155,13 +156,14 @@ class _Call:
         arrays = (self.qs, self.ks, self.vs) + tuple(self.bshd(x) for x in others)
         return AttentionProblem(self.dtype, self.D, self.Dv, self.causal_offset is not None,
                                 self.B, self.Hq, self.Hkv, self.Sq, self.Sk,
-                                aligned=all(_rows_16_byte_aligned(x) for x in arrays))
+                                aligned=all(_rows_16_byte_aligned(x) for x in arrays),
+                                precision=self.precision)
 
     def bshd(self, x):
         return _to_bshd(x, self.layout)
 
 
-def _validate(q, k, v, causal, scale, layout) -> _Call:
+def _validate(q, k, v, causal, scale, layout, precision=None) -> _Call:
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected 'bshd' or 'bhsd', got {layout!r}")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -191,7 +193,7 @@ def _validate(q, k, v, causal, scale, layout) -> _Call:
     for name, x in (("q", qs), ("k", ks), ("v", vs)):
         _check_last_dim_contiguous(name, x)
     return _Call(qs, ks, vs, layout, dtype, q.device.id, B, Sq, Sk, Hq, Hkv, D, Dv,
-                 _causal_offset(causal, Sq, Sk), _parse_scale(scale, D))
+                 _causal_offset(causal, Sq, Sk), _parse_scale(scale, D), parse_precision(precision, dtype))
 
 
 def _check_like(name: str, x, shape, dtype: str, device_id: int, c_contiguous: bool = False):
@@ -233,7 +235,7 @@ def _launch(config, spec, blocks: int, what: str, args, smem: int = 0):
 
 
 def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
-              layout="bshd", smem_limit=None):
+              layout="bshd", smem_limit=None, precision=None):
     """Exact attention ``softmax(scale * Q K^T) V`` with FlashAttention's tiled algorithm.
 
     Args:
@@ -253,13 +255,22 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
         layout: "bshd" (default) or "bhsd" for (B, H, S, D) arrays; out follows it.
         smem_limit: plan as if a block could use at most this many bytes of shared
            memory (``CUPYATTN_SMEM_LIMIT`` in the environment does the same).
+        precision: for float32 inputs, how products are computed (float32 in and out,
+           float32 accumulation and softmax in every mode; docs/precision.md has each
+           mode's measured error):
+           "fp32" (None, the default): float32 accuracy; 3xTF32 on tensor cores
+           (sm_80+), FFMA on older GPUs. "tf32": one TF32 pass. "bf16" / "fp16":
+           operands staged in shared memory as bfloat16 / float16 (half the bytes).
+           A sequence, e.g. ("fp32", "bf16"), allows several: the planner takes the
+           first that runs on tensor cores on this device, else the first (FFMA).
+           float16 / bfloat16 inputs accept only None or their own mode.
 
     A query row that sees no key gets out = 0 and lse = -inf.
     """
     import cupy
 
     q, k, v, out = (_as_cupy(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("out", out)))
-    call = _validate(q, k, v, causal, scale, layout)
+    call = _validate(q, k, v, causal, scale, layout, precision)
     out = _output("out", out, call.out_shape, call)
     lse = cupy.empty((call.B, call.Hq, call.Sq), dtype=cupy.float32)
     result = (out, lse) if return_lse else out
@@ -288,7 +299,7 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, layout="bshd",
-                       deterministic=True, dq=None, dk=None, dv=None, smem_limit=None):
+                       deterministic=True, dq=None, dk=None, dv=None, smem_limit=None, precision=None):
     """Gradients (dq, dk, dv) of ``attention`` given dout = dLoss/dout.
 
     Args:
@@ -296,7 +307,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
            lse as returned by ``attention(..., return_lse=True)`` with the same
            q, k, v, causal and scale.
         lse: (B, Hq, Sq) float32, C-contiguous.
-        q, k, v, causal, scale, layout, smem_limit: as for ``attention``.
+        q, k, v, causal, scale, layout, smem_limit, precision: as for ``attention``
+           (the backward's precision need not be the forward's).
         dq, dk, dv: optional output arrays shaped like q, k, v (q's dtype, last
            dimension contiguous); left untouched if validation fails. With GQA,
            dk and dv are summed over the query heads of each group.
@@ -317,7 +329,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     named = (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse),
              ("dq", dq), ("dk", dk), ("dv", dv))
     dout, q, k, v, out, lse, dq, dk, dv = (_as_cupy(n, x) for n, x in named)
-    call = _validate(q, k, v, causal, scale, layout)
+    call = _validate(q, k, v, causal, scale, layout, precision)
     _check_like("dout", dout, call.out_shape, call.dtype, call.device_id)
     _check_like("out", out, call.out_shape, call.dtype, call.device_id)
     _check_like("lse", lse, (call.B, call.Hq, call.Sq), "float32", call.device_id, c_contiguous=True)

@@ -84,6 +84,7 @@ class KernelExplanation:
         return {
             "role": self.role,
             "name_expression": self.name_expression,
+            "precision": self.plan.precision,
             "buffers": [dict(name=b.name, shape=list(b.shape), dtype=b.dtype, offset=b.offset,
                              bytes=b.bytes, note=b.note) for b in self.buffers],
             "total": self.total,
@@ -107,6 +108,7 @@ class KernelExplanation:
                      f"{self.limit - self.total} to spare; {self.blocks_per_sm_by_smem} block(s) "
                      f"per SM by shared memory")
         lines.append(f"  chosen because: {self.plan.reason}")
+        lines.append(f"  precision: {self.plan.precision_text}")
         for r in self.rejected:
             lines.append(f"  rejected {r.name_expression}: {r.smem_bytes} bytes, "
                          f"{r.over_by} over the limit")
@@ -174,17 +176,18 @@ def explain(head_dim: int = 128, dtype: str = "float16", *, backward: bool = Fal
             device: "str | DeviceSpec | None" = "current", smem_limit: int | None = None,
             causal: bool = False, head_dim_v: int | None = None, batch: int = 4, heads: int = 16,
             heads_kv: int | None = None, seqlen_q: int = 4096, seqlen_k: int | None = None,
-            compile: bool = True) -> Explanation:
+            compile: bool = True, precision=None) -> Explanation:
     """Where the shared memory of a call's kernels goes, buffer by buffer.
 
     ``device`` is ``"current"``, a named GPU (``"rtx6000ada"``, ``"sm_89"``) or a
     DeviceSpec; ``compile=True`` compiles each kernel through NVRTC for that
     architecture (no GPU needed) and adds registers, spills, static shared memory
-    and occupancy.
+    and occupancy. ``precision``: as ``attention``'s (float32 inputs), e.g. "bf16" to
+    see the operands staged as bfloat16.
     """
     spec = resolve_device(device).with_smem_limit(smem_limit)
     problem = AttentionProblem(dtype, head_dim, head_dim_v or head_dim, bool(causal), batch, heads,
-                               heads_kv or heads, seqlen_q, seqlen_k or seqlen_q)
+                               heads_kv or heads, seqlen_q, seqlen_k or seqlen_q, precision=precision)
     kernels = []
     for role, plan in _kernel_plans(problem, spec, backward):
         report = compile_only(plan.config, spec.arch) if compile else None

@@ -19,6 +19,43 @@ from .layout import DTYPE_BYTES, Layout, LayoutBuilder
 CXX_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 MAX_HEAD_DIM = 256
 
+# Precision modes: how the tensor-core kernels hold and multiply operands (float32
+# accumulation always). float16 / bfloat16 inputs have their own mode; float32
+# inputs may take any of the four (``attention(..., precision=)``):
+#   "fp32"  3xTF32: each operand split into two TF32 parts, three mma per product;
+#           float32-level accuracy. CUDA cores (FFMA) where there are no tensor cores.
+#   "tf32"  one TF32 pass (10-bit mantissa operands).
+#   "bf16", "fp16"  operands staged in shared memory as bfloat16 / float16 (half
+#           the shared memory of float32), float32 in and out.
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+PRECISION_TEXT = {"fp32": "3xTF32 (float32 accuracy)", "tf32": "one TF32 pass",
+                  "bf16": "bfloat16 operands", "fp16": "float16 operands"}
+NATIVE_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+# The operand policy (kernels/mma.cuh) and shared-memory dtype of each mode.
+MMA_OPS = {"fp16": "cupyattn::MmaHalf<__half>", "bf16": "cupyattn::MmaHalf<__nv_bfloat16>",
+           "tf32": "cupyattn::MmaTf32<1>", "fp32": "cupyattn::MmaTf32<3>"}
+STAGED_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "fp32": "float32"}
+
+
+def parse_precision(precision, dtype: str) -> tuple[str, ...]:
+    """The modes ``precision`` allows for inputs of ``dtype``, most preferred first.
+
+    None: the dtype's own mode ("fp32" for float32). A mode name, or a sequence of
+    them (the planner takes the first that runs on tensor cores on the device, else
+    the first). float16 / bfloat16 inputs allow only their own mode.
+    """
+    native = NATIVE_PRECISION[dtype]
+    if precision is None:
+        return (native,)
+    modes = (precision,) if isinstance(precision, str) else tuple(precision)
+    if not modes or any(m not in PRECISIONS for m in modes):
+        raise ValueError(f"precision: expected None, one of {PRECISIONS} or a sequence of them, "
+                         f"got {precision!r}")
+    if dtype != "float32" and modes != (native,):
+        raise ValueError(f"precision: {dtype} inputs compute with {native!r} operands; got {precision!r} "
+                         "(precision modes apply to float32 inputs)")
+    return tuple(dict.fromkeys(modes))
+
 
 def pad_head_dim(d: int) -> int:
     """Head dims are padded to a multiple of 8 in shared memory (zero-filled)."""
@@ -41,10 +78,13 @@ class AttentionProblem:
     # q, k, v and out rows start on 16-byte boundaries (pointers and batch/seq/head
     # strides): the tensor-core kernels copy rows with 16-byte cp.async.
     aligned: bool = True
+    # Allowed precision modes, most preferred first (parse_precision); () = the dtype's own.
+    precision: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.dtype not in CXX_TYPES:
             raise ValueError(f"dtype: expected one of {sorted(CXX_TYPES)}, got {self.dtype!r}")
+        object.__setattr__(self, "precision", parse_precision(self.precision or None, self.dtype))
         for name in ("head_dim", "head_dim_v"):
             d = getattr(self, name)
             if not 1 <= d <= MAX_HEAD_DIM:
@@ -130,7 +170,8 @@ _ROW_PAD_NOTE = "+16 bytes per row: the 8 rows of an ldmatrix phase hit 8 bank g
 @dataclasses.dataclass(frozen=True)
 class MmaConfig:
     """Fields shared by the tensor-core kernels' template parameters, in template order
-    (sm_80+, float16 / bfloat16, head_dim == head_dim_v)."""
+    (sm_80+, head_dim == head_dim_v): the inputs' dtype, the precision mode (its
+    operand policy, e.g. ``cupyattn::MmaTf32<3>``), then the tile."""
 
     KERNEL: ClassVar[str]
     LAYOUT: ClassVar[str]
@@ -138,6 +179,7 @@ class MmaConfig:
     STAGES: ClassVar[int] = 2
 
     dtype: str
+    precision: str  # PRECISIONS; the dtype's own mode for float16 / bfloat16
     head_dim_pad: int  # multiple of 16 (the mma k-step)
     block_m: int  # query rows per tile
     block_n: int  # keys per tile
@@ -148,21 +190,31 @@ class MmaConfig:
     def threads(self) -> int:
         return self.num_warps * 32
 
+    @property
+    def staged_dtype(self) -> str:
+        """The dtype of the operand tiles in shared memory."""
+        return STAGED_DTYPES[self.precision]
+
     @functools.cached_property
     def name_expression(self) -> str:
         causal = "true" if self.causal else "false"
-        return (f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {self.head_dim_pad}, {self.block_m}, "
-                f"{self.block_n}, {self.num_warps}, {causal}>")
+        return (f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {MMA_OPS[self.precision]}, {self.head_dim_pad}, "
+                f"{self.block_m}, {self.block_n}, {self.num_warps}, {causal}>")
 
     @property
     def layout_expression(self) -> str:
-        return f"{self.LAYOUT}<{CXX_TYPES[self.dtype]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}>"
+        return (f"{self.LAYOUT}<{CXX_TYPES[self.staged_dtype]}, {self.head_dim_pad}, {self.block_m}, "
+                f"{self.block_n}>")
 
     def _tile(self, builder: LayoutBuilder, name: str, rows: int, stages: int = 1) -> LayoutBuilder:
-        row = self.head_dim_pad + 8
+        staged = self.staged_dtype
+        row = self.head_dim_pad + 16 // DTYPE_BYTES[staged]
+        note = _ROW_PAD_NOTE
+        if staged != self.dtype:
+            note = f"{self.dtype} staged as {staged}; {note}"
         if stages == 1:
-            return builder.add(name, (rows, row), self.dtype, _ROW_PAD_NOTE)
-        return builder.add(name, (stages, rows, row), self.dtype, f"{stages} cp.async stages; {_ROW_PAD_NOTE}")
+            return builder.add(name, (rows, row), staged, note)
+        return builder.add(name, (stages, rows, row), staged, f"{stages} pipeline stages; {note}")
 
     @property
     def valid(self) -> bool:
@@ -182,13 +234,31 @@ class MmaConfig:
     BUDGET_SM90: ClassVar[int] = 160
     BUDGET_SM100: ClassVar[int] = 160  # sm_100 and newer
 
+    # Caps for the float32 modes that need more registers per accumulator: 3xTF32 keeps
+    # each fragment as two TF32 parts and sums each tile apart (acc_times_kmajor);
+    # staged float32 -> half loads go through registers. From
+    # `spill_map.py --modes float32:fp32,float32:bf16` on sm_80 and sm_90 (the
+    # fewest accumulators that spilled, minus one step); tf32 spills where float16 does.
+    PRECISION_BUDGETS: ClassVar[dict] = {}
+
     def register_budget(self, compute_capability: tuple[int, int]) -> int:
         if compute_capability >= (10, 0):
-            return self.BUDGET_SM100
-        return self.BUDGET_SM90 if compute_capability >= (9, 0) else self.BUDGET_SM80
+            budget = self.BUDGET_SM100
+        else:
+            budget = self.BUDGET_SM90 if compute_capability >= (9, 0) else self.BUDGET_SM80
+        cap = self.PRECISION_BUDGETS.get(self.precision if self.dtype == "float32" else None)
+        return budget if cap is None else min(budget, cap)
+
+    # TF32 modes whose every tile spilled on sm_100 / sm_120 (spill_map.py, head dims 32-256:
+    # from 48 accumulators per lane): the backward kernels there run on CUDA cores.
+    TF32_SPILLS_SM100: ClassVar[bool] = False
 
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
         """Why this tile would spill registers on that architecture, or None if it fits."""
+        if (self.TF32_SPILLS_SM100 and compute_capability >= (10, 0) and self.dtype == "float32"
+                and self.precision in ("fp32", "tf32")):
+            major, minor = compute_capability
+            return f"the TF32 ({self.precision}) kernel spills at every tile on sm_{major}{minor}"
         budget = self.register_budget(compute_capability)
         if self.accumulators_per_lane <= budget:
             return None
@@ -223,6 +293,9 @@ class FwdMmaConfig(MmaConfig):
         b = self._tile(b, "k_tile", self.block_n, self.STAGES)
         return self._tile(b, "v_tile", self.block_n, self.STAGES).build()
 
+    # 3xTF32: (64, 64, 4) at head dim 128 (96) is clean, every tile at 256 (>= 136) spills.
+    PRECISION_BUDGETS: ClassVar[dict] = {"fp32": 96}
+
     @property
     def accumulators_per_lane(self) -> int:  # O (head_dim) and S (block_n) per 16-row m-tile
         return self.m_tiles * (self.head_dim_pad + self.block_n) // 2
@@ -236,12 +309,15 @@ class FwdMmaConfig(MmaConfig):
         # sm_100 / sm_120, (128, 32, 4) at 128 needs 255 registers and spills 8 bytes
         # (sm_120): two m-tiles stop at head dim 96 there.
         major, minor = compute_capability
-        if compute_capability >= (10, 0) and self.head_dim_pad > 96:
-            return f"two 16-row m-tiles per warp spill above head dim 96 on sm_{major}{minor}"
+        fp32 = self.dtype == "float32" and self.precision == "fp32"
+        if compute_capability >= (10, 0) and (self.head_dim_pad > 96 or fp32):
+            return (f"two 16-row m-tiles per warp spill {'in 3xTF32' if fp32 else 'above head dim 96'} "
+                    f"on sm_{major}{minor}")
         weighted = self.m_tiles * (self.head_dim_pad + 2 * self.block_n) // 2
-        if weighted > 192:
+        limit = 128 if self.dtype == "float32" and self.precision == "fp32" else 192  # 3xTF32: (64, 128, 64, 4) spills
+        if weighted > limit:
             return (f"two 16-row m-tiles per warp: {weighted} accumulators per lane counting the "
-                    f"scores twice, over the spill-free budget of 192")
+                    f"scores twice, over the spill-free budget of {limit}")
         return None
 
 
@@ -275,6 +351,9 @@ class BwdDkdvMmaConfig(MmaConfig):
 
     BUDGET_SM90: ClassVar[int] = 192  # (64, 64, 4) at head dim 128: 255 registers, no spill
     BUDGET_SM100: ClassVar[int] = 80
+    # 3xTF32 spills from 160 ((32, 64, 4) at 128); staged halves spill 12 bytes at 192 on sm_90.
+    PRECISION_BUDGETS: ClassVar[dict] = {"fp32": 144, "bf16": 160, "fp16": 160}
+    TF32_SPILLS_SM100: ClassVar[bool] = True
 
     @property
     def accumulators_per_lane(self) -> int:  # dK, dV (head_dim / d_split each), S^T and dP^T (block_m each)
@@ -302,6 +381,9 @@ class BwdDqMmaConfig(MmaConfig):
         return self._tile(b, "v_tile", self.block_n, self.STAGES).build()
 
     BUDGET_SM100: ClassVar[int] = 112
+    # 3xTF32 spills from 160 ((128, 32, 8) at 256 on sm_90); (16, 16, 1) at 256 (144) is clean.
+    PRECISION_BUDGETS: ClassVar[dict] = {"fp32": 144}
+    TF32_SPILLS_SM100: ClassVar[bool] = True
 
     @property
     def accumulators_per_lane(self) -> int:  # dQ (head_dim), S and dP (block_n each)
@@ -412,6 +494,18 @@ class Plan:
         return self.config.layout
 
     @property
+    def precision(self) -> str:
+        """The precision mode that runs: the tensor-core config's, or on CUDA cores
+        (FFMA, float32 arithmetic) the inputs' own mode."""
+        return getattr(self.config, "precision", NATIVE_PRECISION[self.problem.dtype])
+
+    @property
+    def precision_text(self) -> str:
+        if isinstance(self.config, MmaConfig):
+            return f"{self.precision}: {PRECISION_TEXT[self.precision]} on tensor cores"
+        return f"{self.precision}: float32 arithmetic (FFMA) on CUDA cores"
+
+    @property
     def smem_bytes(self) -> int:
         return self.layout.total
 
@@ -428,6 +522,7 @@ class Plan:
             f"({100 * self.smem_bytes / d.smem_per_block_optin:.0f}%), "
             f"{self.blocks_per_sm_by_smem} block(s) per SM by shared memory",
             f"  why: {self.reason}",
+            f"  precision: {self.precision_text}",
             self.layout.table(),
         ]
         for r in self.rejected:
@@ -538,17 +633,19 @@ BWD_DQ_MMA_TILES = (
 
 
 def mma_eligible(problem: AttentionProblem, device: DeviceSpec) -> bool:
-    """Whether the tensor-core kernels can run this problem on this device: float16 /
-    bfloat16 on sm_80+, head_dim == head_dim_v, a multiple of 8, 16-byte aligned rows."""
-    return (problem.dtype in ("float16", "bfloat16") and device.compute_capability >= (8, 0)
+    """Whether the tensor-core kernels can run this problem on this device: sm_80+,
+    head_dim == head_dim_v, a multiple of 8, 16-byte aligned rows (every precision
+    mode, float32 inputs included)."""
+    return (device.compute_capability >= (8, 0)
             and problem.head_dim == problem.head_dim_v and problem.head_dim % 8 == 0
             and problem.aligned)
 
 
 def _mma_candidates(cls, tiles, problem: AttentionProblem, device: DeviceSpec, max_block_m: int,
-                    max_block_n: int) -> tuple[list, list]:
-    """The tiles of ``tiles`` that suit the problem's size and compile without spills on
-    ``device`` (none unless ``mma_eligible``), and (name, why) for those that would spill."""
+                    max_block_n: int, precision: str) -> tuple[list, list]:
+    """The tiles of ``tiles`` in ``precision`` that suit the problem's size and compile
+    without spills on ``device`` (none unless ``mma_eligible``), and (name, why) for
+    those that would spill."""
     configs, skipped = [], []
     if not mma_eligible(problem, device):
         return configs, skipped
@@ -556,7 +653,7 @@ def _mma_candidates(cls, tiles, problem: AttentionProblem, device: DeviceSpec, m
     for block_m, block_n, warps in tiles:
         if block_m > max(16, max_block_m) or block_n > max(16, max_block_n):
             continue
-        cfg = cls(problem.dtype, d_pad, block_m, block_n, warps, bool(problem.causal))
+        cfg = cls(problem.dtype, precision, d_pad, block_m, block_n, warps, bool(problem.causal))
         if not cfg.valid:
             continue
         why = cfg.register_reason(device.compute_capability)
@@ -572,11 +669,11 @@ def _next_pow2_at_least_8(n: int) -> int:
 
 
 def _choose(kind: str, configs, problem: AttentionProblem, device: DeviceSpec, num_blocks,
-            register_skipped=()) -> Plan:
+            register_skipped=(), rejected=()) -> Plan:
     """Among ``configs`` (preference order) that fit the opt-in limit, the first that
     fills every SM with at least one block, else the fitting one with the most blocks."""
     limit = device.smem_per_block_optin
-    fitting, rejected = [], []
+    fitting, rejected = [], list(rejected)
     for cfg in configs:
         smem = cfg.layout.total
         if smem <= limit:
@@ -613,13 +710,31 @@ def _query_tiles_blocks(problem: AttentionProblem):
     return lambda cfg: problem.batch * problem.heads_q * -(-max(1, problem.seqlen_q) // cfg.block_m)
 
 
+def _plan_pass(kind: str, cls, tiles, simt: list, problem: AttentionProblem, device: DeviceSpec,
+               max_block_m: int, max_block_n: int, num_blocks) -> Plan:
+    """Tensor cores in the first allowed precision mode that has a tile fitting the
+    device's shared memory, else the CUDA-core tiles (float32 FFMA). Earlier modes'
+    rejected tiles are reported. A tensor-core tile is taken even where a CUDA-core
+    tile would give a small problem more blocks: the CUDA-core kernels are the
+    fallback for what the tensor cores cannot run, not a competitor."""
+    limit = device.smem_per_block_optin
+    skipped, rejected = [], []
+    for precision in problem.precision:
+        mma, skip = _mma_candidates(cls, tiles, problem, device, max_block_m, max_block_n, precision)
+        skipped += skip
+        if any(cfg.layout.total <= limit for cfg in mma):
+            return _choose(kind, mma, problem, device, num_blocks, skipped, rejected)
+        rejected += [Rejected(cfg.name_expression, cfg.layout.total, limit) for cfg in mma]
+    return _choose(kind, simt, problem, device, num_blocks, skipped, rejected)
+
+
 @functools.lru_cache(maxsize=4096)  # pure, and called on every launch
 def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
     """The forward configuration for ``problem`` on ``device``.
 
-    Candidates: the tensor-core kernel's tiles for float16 / bfloat16 on sm_80+
-    (head_dim == head_dim_v, a multiple of 8, 16-byte aligned rows), then the
-    SIMT kernel's. Among those whose shared memory fits the device's opt-in limit
+    Candidates: the tensor-core kernel's tiles on sm_80+ (head_dim == head_dim_v, a
+    multiple of 8, 16-byte aligned rows) in the first allowed precision mode that
+    fits, then the SIMT kernel's (float32 FFMA). Among those whose shared memory fits the device's opt-in limit
     (the kernels use no static shared memory), take the first in preference order that
     also gives at least one full wave of blocks; if none fills the GPU (small
     batch x heads x seqlen_q), take the fitting one with the most blocks. Query
@@ -627,11 +742,9 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
     and tiles whose accumulators would not fit in registers are not considered.
     """
     max_block_m = _next_pow2_at_least_8(problem.seqlen_q)
-    configs = list(_candidates(FwdSimtConfig, FWD_SIMT_TILES, problem, max_block_m, 64))
-    mma, skipped = _mma_candidates(FwdMmaConfig, FWD_MMA_TILES, problem, device, max_block_m,
-                                   _next_pow2_at_least_8(problem.seqlen_k))
-    # Tensor cores first, CUDA cores if no tile fits.
-    return _choose("forward", mma + configs, problem, device, _query_tiles_blocks(problem), skipped)
+    simt = list(_candidates(FwdSimtConfig, FWD_SIMT_TILES, problem, max_block_m, 64))
+    return _plan_pass("forward", FwdMmaConfig, FWD_MMA_TILES, simt, problem, device, max_block_m,
+                      _next_pow2_at_least_8(problem.seqlen_k), _query_tiles_blocks(problem))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -656,29 +769,30 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan
     """The backward configurations: the dK/dV pass tiles keys, the dQ pass query rows;
     each is chosen as ``plan_forward`` chooses, from its own candidates."""
     max_m, max_n = _next_pow2_at_least_8(problem.seqlen_q), _next_pow2_at_least_8(problem.seqlen_k)
-    # Tensor cores first, CUDA cores if no tile fits.
-    dkdv, dkdv_skipped = _mma_candidates(BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES, problem, device, max_m, max_n)
-    dkdv += _candidates(BwdDkdvSimtConfig, BWD_DKDV_SIMT_TILES, problem, 64, max_n)
-    dq, dq_skipped = _mma_candidates(BwdDqMmaConfig, BWD_DQ_MMA_TILES, problem, device, max_m, max_n)
-    dq += _candidates(BwdDqSimtConfig, FWD_SIMT_TILES, problem, max_m, 64)
+    dkdv_simt = list(_candidates(BwdDkdvSimtConfig, BWD_DKDV_SIMT_TILES, problem, 64, max_n))
+    dq_simt = list(_candidates(BwdDqSimtConfig, FWD_SIMT_TILES, problem, max_m, 64))
     dkdv_blocks = lambda cfg: (problem.batch * problem.heads_kv
                                * -(-max(1, problem.seqlen_k) // cfg.block_n))
     return BackwardPlan(
         delta=BwdDeltaConfig(problem.dtype),
-        dkdv=_choose("backward dK/dV", dkdv, problem, device, dkdv_blocks, dkdv_skipped),
-        dq=_choose("backward dQ", dq, problem, device, _query_tiles_blocks(problem), dq_skipped),
+        dkdv=_plan_pass("backward dK/dV", BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES, dkdv_simt, problem, device,
+                        max_m, max_n, dkdv_blocks),
+        dq=_plan_pass("backward dQ", BwdDqMmaConfig, BWD_DQ_MMA_TILES, dq_simt, problem, device,
+                      max_m, max_n, _query_tiles_blocks(problem)),
     )
 
 
-def planned_configs(device: DeviceSpec, head_dims, dtypes, causals=(True,)) -> dict:
+def planned_configs(device: DeviceSpec, head_dims, dtypes, causals=(True,), precisions=(None,)) -> dict:
     """Every configuration (forward, delta, dK/dV, dQ) the planner picks on ``device``
-    for B=4, H=16, S=4096 at these head dims, dtypes and causal settings, by name."""
+    for B=4, H=16, S=4096 at these head dims, dtypes, causal settings and (float32)
+    precision modes, by name."""
     configs = {}
     for d in head_dims:
         for dtype in dtypes:
             for causal in causals:
-                problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096)
-                bwd = plan_backward(problem, device)
-                for cfg in (plan_forward(problem, device).config, bwd.delta, bwd.dkdv.config, bwd.dq.config):
-                    configs[cfg.name_expression] = cfg
+                for precision in (precisions if dtype == "float32" else (None,)):
+                    problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096, precision=precision)
+                    bwd = plan_backward(problem, device)
+                    for cfg in (plan_forward(problem, device).config, bwd.delta, bwd.dkdv.config, bwd.dq.config):
+                        configs[cfg.name_expression] = cfg
     return configs

@@ -7,6 +7,11 @@ the output rounded to it, as a half-precision kernel does. A kernel passes when
 its error against the float64 result is at most a small multiple of this
 reference's own error (``tolerance``).
 
+For float32 inputs in a reduced precision mode (``attention(..., precision=)``),
+``precision`` names the operand type ("tf32", "bfloat16", "float16") and
+``out_precision="float32"`` keeps the output in float32, as those kernels do
+(``operand_precision`` maps a mode to the pair).
+
 Masking matches the kernels: with ``causal="bottom_right"`` (or True) query i
 sees key j iff j <= i + Sk - Sq; with ``"top_left"`` iff j <= i. A row that sees
 no key has out = 0 and lse = -inf.
@@ -29,10 +34,15 @@ def causal_offset(causal, seqlen_q: int, seqlen_k: int) -> int | None:
 
 
 def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Round float values to ``dtype`` (nearest even), returned as float32."""
+    """Round float values to ``dtype`` (nearest even; "tf32": nearest, ties away from
+    zero, as cvt.rna.tf32.f32), returned as float32."""
     x = np.asarray(x, dtype=np.float32)
     if dtype == "float32":
         return x
+    if dtype == "tf32":  # 10 explicit mantissa bits: add half of the 13 dropped bits' range
+        bits = x.view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+        return np.where(np.isfinite(x), rounded, x)
     if dtype == "float16":
         return x.astype(np.float16).astype(np.float32)
     if dtype == "bfloat16":
@@ -40,11 +50,35 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         out = rounded.astype(np.uint32).view(np.float32)
         return np.where(np.isnan(x), x, out)
-    raise ValueError(f"dtype: expected float32, float16 or bfloat16, got {dtype!r}")
+    raise ValueError(f"dtype: expected float32, tf32, float16 or bfloat16, got {dtype!r}")
 
 
 def unit_roundoff(dtype: str) -> float:
-    return {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}[dtype]
+    return {"float32": 2.0**-24, "tf32": 2.0**-11, "float16": 2.0**-11, "bfloat16": 2.0**-8}[dtype]
+
+
+# Operand type of each precision mode of float32 inputs (plan.PRECISIONS).
+MODE_OPERANDS = {"fp32": "float32", "tf32": "tf32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def cancellation_unit(dtype: str, mode: str | None = None) -> float:
+    """The relative size of the dP - delta noise (``delta_cancellation_error``) of a
+    kernel for inputs of ``dtype`` in ``mode``: float32's for half inputs (their products
+    are exact); for float32 inputs the operand type's, and 2**-21 for 3xTF32, whose two
+    TF32 parts carry about 22 bits of each operand."""
+    if dtype != "float32":
+        return unit_roundoff("float32")
+    if mode in (None, "fp32"):
+        return 2.0**-21
+    return unit_roundoff(MODE_OPERANDS[mode])
+
+
+def operand_precision(dtype: str, mode: str | None = None) -> tuple[str, str]:
+    """(precision, out_precision) of the same-precision reference of inputs of ``dtype``
+    computed in ``mode`` (None: the dtype's own)."""
+    if mode is None or dtype != "float32":
+        return dtype, dtype
+    return MODE_OPERANDS[mode], "float32"
 
 
 def _to_bshd(x, layout):
@@ -57,13 +91,14 @@ def _to_bshd(x, layout):
 
 
 def attention_reference(q, k, v, causal=False, scale=None, layout="bshd", precision=None,
-                        rows=None):
+                        rows=None, out_precision=None):
     """(out, lse) of softmax(scale * Q K^T) V for host arrays.
 
     q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) ("bshd") or the
     (B, H, S, D) transposes ("bhsd"). out has q's layout and shape (with Dv);
     lse is (B, Hq, Sq), natural log. ``precision=None`` computes in float64.
     ``rows`` (query indices) evaluates only those rows, for long sequences.
+    ``out_precision``: the output's rounding (default: ``precision``).
     """
     q, k, v = (_to_bshd(x, layout) for x in (q, k, v))
     if precision is None:
@@ -99,7 +134,7 @@ def attention_reference(q, k, v, causal=False, scale=None, layout="bshd", precis
         p = round_to(p, precision)
     out = (p @ vh).astype(work)
     if precision is not None:
-        out = round_to(out, precision)
+        out = round_to(out, out_precision or precision)
     out = out.transpose(0, 2, 1, 3)  # back to (B, Sq, Hq, Dv)
     if layout == "bhsd":
         out = out.transpose(0, 2, 1, 3)
@@ -135,14 +170,15 @@ def logit_bound(q, k, scale=None) -> float:
 
 
 def attention_backward_reference(dout, q, k, v, causal=False, scale=None, layout="bshd",
-                                 precision=None):
+                                 precision=None, out_precision=None):
     """(dq, dk, dv) of ``attention_reference`` for host arrays, shaped like q, k, v.
 
     float64 by default. With ``precision`` (the inputs' dtype) it is the
     same-precision reference: inputs rounded to it, float32 arithmetic, the
     forward output (which the backward's delta uses), P and dS (before they
-    enter their products) and the gradients rounded to it. With GQA, dk and dv
-    are summed over the query heads of each group.
+    enter their products) and the gradients rounded to it (the forward output and
+    the gradients to ``out_precision`` if given). With GQA, dk and dv are summed
+    over the query heads of each group.
     """
     dout, q, k, v = (_to_bshd(x, layout) for x in (dout, q, k, v))
     if precision is None:
@@ -172,7 +208,7 @@ def attention_backward_reference(dout, q, k, v, causal=False, scale=None, layout
     p = np.where(l > 0, p / np.where(l > 0, l, 1), 0).astype(work)
     out = (p @ vh).astype(work)
     if precision is not None:
-        out = round_to(out, precision)
+        out = round_to(out, out_precision or precision)
     dp = (doh @ np.swapaxes(vh, -1, -2)).astype(work)
     delta = (doh * out).sum(axis=-1, keepdims=True)
     ds = p * (dp - delta)
@@ -186,13 +222,13 @@ def attention_backward_reference(dout, q, k, v, causal=False, scale=None, layout
     dv = dv.reshape(B, Hkv, group, Sk, v.shape[3]).sum(axis=2)
     grads = [g.transpose(0, 2, 1, 3) for g in (dq, dk, dv)]  # to (B, S, H, D)
     if precision is not None:
-        grads = [round_to(g, precision) for g in grads]
+        grads = [round_to(g, out_precision or precision) for g in grads]
     if layout == "bhsd":
         grads = [g.transpose(0, 2, 1, 3) for g in grads]
     return tuple(grads)
 
 
-def delta_cancellation_error(dout, q, k, v, causal=False, scale=None, layout="bshd"):
+def delta_cancellation_error(dout, q, k, v, causal=False, scale=None, layout="bshd", unit=None):
     """(max over dq, max over dk) of the error that float32 rounding of dS = P (dP - delta)
     can put into dq and dk, whatever their magnitude.
 
@@ -200,7 +236,10 @@ def delta_cancellation_error(dout, q, k, v, causal=False, scale=None, layout="bs
     different orders; where a row's probability sits on one key (O = V_j) they cancel
     to rounding noise of size u * sum|dO V_j|, which dq = scale dS K and dk = scale dS^T Q
     carry although the gradients themselves are ~0. Estimated here (float64) as
-    u32 * P * (|dO| |V_j| + |dO| |O|) propagated through |K| and |Q|, GQA groups summed.
+    u * P * (|dO| |V_j| + |dO| |O|) propagated through |K| and |Q|, GQA groups summed,
+    with u = ``unit`` (default float32's unit roundoff): a kernel that forms dP from
+    operands rounded to a narrower type than delta's (float32 inputs in a reduced
+    precision mode) leaves noise of that type's size (``cancellation_unit``).
     """
     dout, q, k, v = (np.asarray(_to_bshd(x, layout), np.float64) for x in (dout, q, k, v))
     B, Sq, Hq, D = q.shape
@@ -220,7 +259,7 @@ def delta_cancellation_error(dout, q, k, v, causal=False, scale=None, layout="bs
         p = np.where(np.isfinite(lse[..., None]), np.exp(s - lse[..., None]), 0.0)
     oh = out.transpose(0, 2, 1, 3)
     terms = np.abs(doh) @ np.swapaxes(np.abs(vh), -1, -2) + (np.abs(doh) * np.abs(oh)).sum(-1, keepdims=True)
-    ds_err = unit_roundoff("float32") * p * terms
+    ds_err = (unit or unit_roundoff("float32")) * p * terms
     dq_err = abs(scale) * (ds_err @ np.abs(kh))
     dk_err = abs(scale) * (np.swapaxes(ds_err, -1, -2) @ np.abs(qh)).reshape(B, Hkv, group, Sk, D).sum(2)
     return float(dq_err.max(initial=0.0)), float(dk_err.max(initial=0.0))

@@ -1,9 +1,12 @@
-// Backward attention on tensor cores (sm_80+): float16 / bfloat16 in, float32 accumulation.
+// Backward attention on tensor cores (sm_80+), float32 accumulation. T and Op as in
+// attn_fwd_mma.cuh: T is the global type of q, k, v, dout and the gradients; Op
+// stages tiles in shared memory as Op::Smem and multiplies them (half types, TF32
+// or 3xTF32; mma.cuh).
 //
 // The same three launches as the SIMT backward (attn_bwd_simt.cuh), deterministic,
-// no atomics; attn_bwd_delta is shared. Products run as mma.sync m16n8k16 with
-// ldmatrix fragments; P and dS are rounded to the input type on their way from
-// the accumulators into the next product's A operand, as FlashAttention-2 does.
+// no atomics; attn_bwd_delta is shared. Products run as mma.sync with ldmatrix
+// fragments; P and dS are rounded to the operand type on their way from the
+// accumulators into the next product's A operand, as FlashAttention-2 does.
 //
 // attn_bwd_dkdv_mma: a block owns BLOCK_N keys of one key/value head. K and V stay
 //   in shared memory; Q, dO, lse and delta tiles of BLOCK_M query rows stream
@@ -12,14 +15,14 @@
 //     S^T  = K Q^T            (A: K rows,  B: Q rows)       16 keys x BLOCK_M
 //     dP^T = V dO^T           (A: V rows,  B: dO rows)
 //     P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T * (dP^T - delta)
-//     dV  += P^T dO           (A: P^T from the S^T accumulators, B: dO by ldmatrix.trans)
-//     dK  += dS^T Q           (A: dS^T from the dP^T accumulators, B: Q by ldmatrix.trans)
+//     dV  += P^T dO           (A: P^T from the S^T accumulators, B: dO k-major)
+//     dK  += dS^T Q           (A: dS^T from the dP^T accumulators, B: Q k-major)
 //   Each warp owns 16 keys. With D_SPLIT = 16 * NUM_WARPS / BLOCK_N = 2 (head dim
 //   256) two warps share 16 keys, both compute S^T and dP^T, and each keeps the
 //   dK and dV accumulators of half the head dim: 128 instead of 256 registers.
 // attn_bwd_dq_mma: as the forward, a block owns BLOCK_M query rows (16 per warp),
 //   Q and dO stay in shared memory, K and V tiles stream through two stages:
-//     S = Q K^T, dP = dO V^T, dS = P * (dP - delta), dQ += dS K (K by ldmatrix.trans).
+//     S = Q K^T, dP = dO V^T, dS = P * (dP - delta), dQ += dS K (K k-major).
 // Invisible entries (causal, past either sequence end) are selected to zero, never
 // multiplied by zero, so garbage in keys or values no query may see cannot turn
 // into NaN in a gradient.
@@ -28,18 +31,18 @@
 // q, k, v and dout (the planner checks; otherwise the SIMT kernels run).
 //
 // Shared memory, same names and order as plan.BwdDkdvMmaConfig.layout
-// (rows padded by 16 bytes, as in attn_fwd_mma.cuh):
-//   k_tile     [BLOCK_N][D_PAD + 8]      T
-//   v_tile     [BLOCK_N][D_PAD + 8]      T
-//   q_tile     [2][BLOCK_M][D_PAD + 8]   T      two cp.async stages
-//   do_tile    [2][BLOCK_M][D_PAD + 8]   T
-//   lse_tile   [2][BLOCK_M]              float  lse * log2(e), 0 past the end
-//   delta_tile [2][BLOCK_M]              float
+// (S = Op::Smem, rows padded by 16 bytes as in attn_fwd_mma.cuh):
+//   k_tile     [BLOCK_N][STRIDE]      S
+//   v_tile     [BLOCK_N][STRIDE]      S
+//   q_tile     [2][BLOCK_M][STRIDE]   S      two pipeline stages
+//   do_tile    [2][BLOCK_M][STRIDE]   S
+//   lse_tile   [2][BLOCK_M]           float  lse * log2(e), 0 past the end
+//   delta_tile [2][BLOCK_M]           float
 // and as plan.BwdDqMmaConfig.layout:
-//   q_tile     [BLOCK_M][D_PAD + 8]      T
-//   do_tile    [BLOCK_M][D_PAD + 8]      T
-//   k_tile     [2][BLOCK_N][D_PAD + 8]   T      two cp.async stages
-//   v_tile     [2][BLOCK_N][D_PAD + 8]   T
+//   q_tile     [BLOCK_M][STRIDE]      S
+//   do_tile    [BLOCK_M][STRIDE]      S
+//   k_tile     [2][BLOCK_N][STRIDE]   S      two pipeline stages
+//   v_tile     [2][BLOCK_N][STRIDE]   S
 #pragma once
 
 #include "attn_bwd_simt.cuh"  // attn_bwd_delta, LOG2E
@@ -49,7 +52,7 @@ namespace cupyattn {
 
 template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N>
 struct BwdDkdvMmaLayout {
-    static constexpr int STRIDE = D_PAD + 8;
+    static constexpr int STRIDE = padded_stride<T, D_PAD>();
     static constexpr int TILE_N = BLOCK_N * STRIDE * (int)sizeof(T);
     static constexpr int TILE_M = BLOCK_M * STRIDE * (int)sizeof(T);
     static constexpr int k_tile = 0;
@@ -65,7 +68,7 @@ struct BwdDkdvMmaLayout {
 
 template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N>
 struct BwdDqMmaLayout {
-    static constexpr int STRIDE = D_PAD + 8;
+    static constexpr int STRIDE = padded_stride<T, D_PAD>();
     static constexpr int TILE_N = BLOCK_N * STRIDE * (int)sizeof(T);
     static constexpr int TILE_M = BLOCK_M * STRIDE * (int)sizeof(T);
     static constexpr int q_tile = 0;
@@ -77,56 +80,42 @@ struct BwdDqMmaLayout {
     static constexpr int offsets[num_buffers] = {q_tile, do_tile, k_tile, v_tile};
 };
 
-// acc[j] (j < 2 * NB2 blocks of 8 columns) += A (16 x 16 rows of a_rows) times
+// acc[j] (j < 2 * NB2 blocks of 8 columns) += A (16 x K_DIM rows of a_rows) times
 // B^T, B's rows (columns of the product) read from b_rows: the "both operands
 // row-major in shared memory" product of S = Q K^T. a_rows / b_rows point at
 // the first row; K_DIM is the reduction length.
-template <typename T, int K_DIM, int NB2, int STRIDE>
-__device__ __forceinline__ void mma_rows_by_rows(float (&acc)[2 * NB2][4], const T* a_rows,
-                                                 const T* b_rows, int lane) {
-    constexpr int ROW = STRIDE * (int)sizeof(T), E = (int)sizeof(T);
-    const int mi = lane / 8, rr = lane % 8;
-    const unsigned a_addr = smem_addr(a_rows + (rr + (mi & 1) * 8) * STRIDE + (mi >> 1) * 8);
-    const unsigned b_addr = smem_addr(b_rows + ((mi >> 1) * 8 + rr) * STRIDE + (mi & 1) * 8);
+template <typename Op, int K_DIM, int NB2, int STRIDE, typename S>
+__device__ __forceinline__ void mma_rows_by_rows(float (&acc)[2 * NB2][4], const S* a_rows,
+                                                 const S* b_rows, int lane) {
+    constexpr int ROW = STRIDE * (int)sizeof(S), E = (int)sizeof(S);
+    const unsigned a_addr = smem_addr(a_rows + a_lane_offset<S>(lane, STRIDE));
+    const unsigned b_addr = smem_addr(b_rows + b_lane_offset<S>(lane, STRIDE));
 #pragma unroll
-    for (int kk = 0; kk < K_DIM; kk += 16) {
-        unsigned a[4];
-        ldmatrix_x4(a, a_addr + kk * E);
+    for (int kk = 0; kk < K_DIM; kk += Op::K_STEP) {
+        typename Op::A a;
+        Op::load_a(a, a_addr + kk * E);
 #pragma unroll
         for (int j = 0; j < 2 * NB2; j += 2) {
-            unsigned b[4];  // b0, b1 of column blocks j and j + 1
-            ldmatrix_x4(b, b_addr + j * 8 * ROW + kk * E);
-            mma_16816(acc[j], a, b[0], b[1], T());
-            mma_16816(acc[j + 1], a, b[2], b[3], T());
+            typename Op::B b;  // column blocks j and j + 1
+            Op::load_b(b, b_addr + j * 8 * ROW + kk * E);
+            Op::mma(acc[j], a, b, 0);
+            Op::mma(acc[j + 1], a, b, 1);
         }
     }
 }
 
 // acc[j] (OUT_BLOCKS blocks of 8 columns) += A B with A (16 x K_BLOCKS * 8) taken
-// from float accumulators (rounded to T) and B (K_BLOCKS * 8 rows x OUT_BLOCKS * 8
-// columns, row-major in shared memory at b) read by ldmatrix.trans: P V, P^T dO,
-// dS^T Q, dS K.
-template <typename T, int K_BLOCKS, int OUT_BLOCKS, int STRIDE>
+// from float accumulators and B (K_BLOCKS * 8 rows x OUT_BLOCKS * 8 columns,
+// row-major in shared memory at b) read k-major: P^T dO, dS^T Q, dS K
+// (acc_times_kmajor in mma.cuh, one row tile).
+template <typename Op, int K_BLOCKS, int OUT_BLOCKS, int STRIDE, typename S>
 __device__ __forceinline__ void mma_acc_by_rows(float (&acc)[OUT_BLOCKS][4], const float (&x)[K_BLOCKS][4],
-                                                const T* b, int lane) {
-    constexpr int ROW = STRIDE * (int)sizeof(T), E = (int)sizeof(T);
-    const int mi = lane / 8, rr = lane % 8;
-    const unsigned b_addr = smem_addr(b + ((mi & 1) * 8 + rr) * STRIDE + (mi >> 1) * 8);
-#pragma unroll
-    for (int kb = 0; kb < K_BLOCKS; kb += 2) {
-        unsigned a[4];
-        a[0] = MmaType<T>::pack(x[kb][0], x[kb][1]);
-        a[1] = MmaType<T>::pack(x[kb][2], x[kb][3]);
-        a[2] = MmaType<T>::pack(x[kb + 1][0], x[kb + 1][1]);
-        a[3] = MmaType<T>::pack(x[kb + 1][2], x[kb + 1][3]);
-#pragma unroll
-        for (int j = 0; j < OUT_BLOCKS; j += 2) {
-            unsigned bf[4];  // b0, b1 of output column blocks j and j + 1
-            ldmatrix_x4_trans(bf, b_addr + kb * 8 * ROW + j * 8 * E);
-            mma_16816(acc[j], a, bf[0], bf[1], T());
-            mma_16816(acc[j + 1], a, bf[2], bf[3], T());
-        }
-    }
+                                                const S* b, int lane) {
+    using One = float[1][OUT_BLOCKS][4];
+    using OneIn = const float[1][K_BLOCKS][4];
+    acc_times_kmajor<Op, 1, K_BLOCKS, OUT_BLOCKS, STRIDE * (int)sizeof(S)>(
+        reinterpret_cast<One&>(acc), reinterpret_cast<OneIn&>(x),
+        smem_addr(b + Op::kmajor_lane_offset(lane, STRIDE)));
 }
 
 template <int N>
@@ -157,7 +146,7 @@ __device__ __forceinline__ void store_acc(T* dst, long long dst_stride, const fl
     }
 }
 
-template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
 __global__ void __launch_bounds__(NUM_WARPS * 32, 1)
 attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                   const T* __restrict__ dout, const float* __restrict__ lse,
@@ -171,7 +160,8 @@ attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __r
                   int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
                   int head_dim, int head_dim_v, int num_n_tiles,
                   float scale, float scale_log2, int causal_offset) {
-    using L = BwdDkdvMmaLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
+    using S = typename Op::Smem;
+    using L = BwdDkdvMmaLayout<S, D_PAD, BLOCK_M, BLOCK_N>;
     constexpr int THREADS = NUM_WARPS * 32;
     constexpr int STRIDE = L::STRIDE;
     constexpr int KEY_WARPS = BLOCK_N / 16;           // warps with distinct keys
@@ -182,10 +172,10 @@ attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __r
     static_assert(D_PART % 16 == 0 && BLOCK_M % 16 == 0, "mma steps are 16 wide");
 
     extern __shared__ __align__(16) unsigned char smem[];
-    T* k_tile = reinterpret_cast<T*>(smem + L::k_tile);
-    T* v_tile = reinterpret_cast<T*>(smem + L::v_tile);
-    T* q_tile = reinterpret_cast<T*>(smem + L::q_tile);
-    T* do_tile = reinterpret_cast<T*>(smem + L::do_tile);
+    S* k_tile = reinterpret_cast<S*>(smem + L::k_tile);
+    S* v_tile = reinterpret_cast<S*>(smem + L::v_tile);
+    S* q_tile = reinterpret_cast<S*>(smem + L::q_tile);
+    S* do_tile = reinterpret_cast<S*>(smem + L::do_tile);
     float* lse_tile = reinterpret_cast<float*>(smem + L::lse_tile);
     float* delta_tile = reinterpret_cast<float*>(smem + L::delta_tile);
 
@@ -202,9 +192,9 @@ attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __r
     const int n0 = n_tile * BLOCK_N;
     const int key0 = n0 + key_warp * 16;  // this warp's first key
 
-    cp_async_tile<T, BLOCK_N, D_PAD, STRIDE, THREADS>(k_tile, k + b * k_sb + h_kv * k_sh + n0 * k_ss, k_ss,
+    stage_tile<T, S, BLOCK_N, D_PAD, STRIDE, THREADS>(k_tile, k + b * k_sb + h_kv * k_sh + n0 * k_ss, k_ss,
                                                       seqlen_k - n0, head_dim);
-    cp_async_tile<T, BLOCK_N, D_PAD, STRIDE, THREADS>(v_tile, v + b * v_sb + h_kv * v_sh + n0 * v_ss, v_ss,
+    stage_tile<T, S, BLOCK_N, D_PAD, STRIDE, THREADS>(v_tile, v + b * v_sb + h_kv * v_sh + n0 * v_ss, v_ss,
                                                       seqlen_k - n0, head_dim_v);
 
     // Work items: (query head of the group, query tile), query tiles that can see
@@ -217,10 +207,10 @@ attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __r
         const int hq = h_kv * group + item / m_tiles;
         const int m0 = m_begin + (item % m_tiles) * BLOCK_M;
         const long long row = (b * n_heads_q + hq) * (long long)seqlen_q + m0;
-        cp_async_tile<T, BLOCK_M, D_PAD, STRIDE, THREADS>(q_tile + stage * BLOCK_M * STRIDE,
+        stage_tile<T, S, BLOCK_M, D_PAD, STRIDE, THREADS>(q_tile + stage * BLOCK_M * STRIDE,
                                                           q + b * q_sb + hq * q_sh + m0 * q_ss, q_ss,
                                                           seqlen_q - m0, head_dim);
-        cp_async_tile<T, BLOCK_M, D_PAD, STRIDE, THREADS>(do_tile + stage * BLOCK_M * STRIDE,
+        stage_tile<T, S, BLOCK_M, D_PAD, STRIDE, THREADS>(do_tile + stage * BLOCK_M * STRIDE,
                                                           dout + b * do_sb + hq * do_sh + m0 * do_ss, do_ss,
                                                           seqlen_q - m0, head_dim_v);
         for (int i = threadIdx.x; i < BLOCK_M; i += THREADS) {  // plain loads: 4-byte rows
@@ -235,8 +225,8 @@ attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __r
     float dk_acc[D_PART / 8][4], dv_acc[D_PART / 8][4];
     zero(dk_acc);
     zero(dv_acc);
-    const T* k_rows = k_tile + key_warp * 16 * STRIDE;
-    const T* v_rows = v_tile + key_warp * 16 * STRIDE;
+    const S* k_rows = k_tile + key_warp * 16 * STRIDE;
+    const S* v_rows = v_tile + key_warp * 16 * STRIDE;
 
     for (int item = 0; item < n_items; ++item) {
         if (item + 1 < n_items) load_item(item + 1);  // the other stage, free since the last barrier
@@ -246,8 +236,8 @@ attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __r
 
         const int stage = item % 2;
         const int m0 = m_begin + (item % m_tiles) * BLOCK_M;
-        const T* qs = q_tile + stage * BLOCK_M * STRIDE;
-        const T* dos = do_tile + stage * BLOCK_M * STRIDE;
+        const S* qs = q_tile + stage * BLOCK_M * STRIDE;
+        const S* dos = do_tile + stage * BLOCK_M * STRIDE;
         const float* lse_s = lse_tile + stage * BLOCK_M;
         const float* delta_s = delta_tile + stage * BLOCK_M;
         // Skip warps none of whose keys any query of this tile sees.
@@ -257,8 +247,8 @@ attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __r
             float s[M_BLOCKS][4], dp[M_BLOCKS][4];
             zero(s);
             zero(dp);
-            mma_rows_by_rows<T, D_PAD, M_BLOCKS / 2, STRIDE>(s, k_rows, qs, lane);
-            mma_rows_by_rows<T, D_PAD, M_BLOCKS / 2, STRIDE>(dp, v_rows, dos, lane);
+            mma_rows_by_rows<Op, D_PAD, M_BLOCKS / 2, STRIDE>(s, k_rows, qs, lane);
+            mma_rows_by_rows<Op, D_PAD, M_BLOCKS / 2, STRIDE>(dp, v_rows, dos, lane);
 
             const bool needs_mask = m0 + BLOCK_M > seqlen_q || key0 + 16 > seqlen_k ||
                                     (CAUSAL && key0 + 15 > m0 + causal_offset);
@@ -276,8 +266,8 @@ attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __r
                     dp[j][e4] = visible ? p * (dp[j][e4] - delta_s[col]) : 0.0f;
                     s[j][e4] = p;
                 }
-            mma_acc_by_rows<T, M_BLOCKS, D_PART / 8, STRIDE>(dv_acc, s, dos + d_part * D_PART, lane);
-            mma_acc_by_rows<T, M_BLOCKS, D_PART / 8, STRIDE>(dk_acc, dp, qs + d_part * D_PART, lane);
+            mma_acc_by_rows<Op, M_BLOCKS, D_PART / 8, STRIDE>(dv_acc, s, dos + d_part * D_PART, lane);
+            mma_acc_by_rows<Op, M_BLOCKS, D_PART / 8, STRIDE>(dk_acc, dp, qs + d_part * D_PART, lane);
         }
         __syncthreads();  // this stage is free for the load two items ahead
     }
@@ -291,7 +281,7 @@ attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __r
                  head_dim_v - d0, lane);
 }
 
-template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
 __global__ void __launch_bounds__(NUM_WARPS * 32, 1)
 attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                 const T* __restrict__ dout, const float* __restrict__ lse,
@@ -304,7 +294,8 @@ attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
                 int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
                 int head_dim, int head_dim_v, int num_m_tiles,
                 float scale, float scale_log2, int causal_offset) {
-    using L = BwdDqMmaLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
+    using S = typename Op::Smem;
+    using L = BwdDqMmaLayout<S, D_PAD, BLOCK_M, BLOCK_N>;
     constexpr int THREADS = NUM_WARPS * 32;
     constexpr int STRIDE = L::STRIDE;
     constexpr int N_BLOCKS = BLOCK_N / 8;
@@ -312,10 +303,10 @@ attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     static_assert(D_PAD % 16 == 0 && BLOCK_N % 16 == 0, "mma steps are 16 wide");
 
     extern __shared__ __align__(16) unsigned char smem[];
-    T* q_tile = reinterpret_cast<T*>(smem + L::q_tile);
-    T* do_tile = reinterpret_cast<T*>(smem + L::do_tile);
-    T* k_tile = reinterpret_cast<T*>(smem + L::k_tile);
-    T* v_tile = reinterpret_cast<T*>(smem + L::v_tile);
+    S* q_tile = reinterpret_cast<S*>(smem + L::q_tile);
+    S* do_tile = reinterpret_cast<S*>(smem + L::do_tile);
+    S* k_tile = reinterpret_cast<S*>(smem + L::k_tile);
+    S* v_tile = reinterpret_cast<S*>(smem + L::v_tile);
 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -326,17 +317,17 @@ attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     const T* k_h = k + qb.b * k_sb + qb.h_kv * k_sh;
     const T* v_h = v + qb.b * v_sb + qb.h_kv * v_sh;
 
-    cp_async_tile<T, BLOCK_M, D_PAD, STRIDE, THREADS>(q_tile, q + qb.b * q_sb + qb.h * q_sh + m0 * q_ss, q_ss,
+    stage_tile<T, S, BLOCK_M, D_PAD, STRIDE, THREADS>(q_tile, q + qb.b * q_sb + qb.h * q_sh + m0 * q_ss, q_ss,
                                                       seqlen_q - m0, head_dim);
-    cp_async_tile<T, BLOCK_M, D_PAD, STRIDE, THREADS>(do_tile, dout + qb.b * do_sb + qb.h * do_sh + m0 * do_ss,
+    stage_tile<T, S, BLOCK_M, D_PAD, STRIDE, THREADS>(do_tile, dout + qb.b * do_sb + qb.h * do_sh + m0 * do_ss,
                                                       do_ss, seqlen_q - m0, head_dim_v);
     const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
     auto load_kv = [&](int tile) {
         const int n0 = tile * BLOCK_N, stage = tile % 2;
-        cp_async_tile<T, BLOCK_N, D_PAD, STRIDE, THREADS>(k_tile + stage * BLOCK_N * STRIDE, k_h + n0 * k_ss,
+        stage_tile<T, S, BLOCK_N, D_PAD, STRIDE, THREADS>(k_tile + stage * BLOCK_N * STRIDE, k_h + n0 * k_ss,
                                                           k_ss, n_end - n0, head_dim);
-        cp_async_tile<T, BLOCK_N, D_PAD, STRIDE, THREADS>(v_tile + stage * BLOCK_N * STRIDE, v_h + n0 * v_ss,
+        stage_tile<T, S, BLOCK_N, D_PAD, STRIDE, THREADS>(v_tile + stage * BLOCK_N * STRIDE, v_h + n0 * v_ss,
                                                           v_ss, n_end - n0, head_dim_v);
     };
     if (n_tiles > 0) load_kv(0);
@@ -354,8 +345,8 @@ attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
 
     float dq_acc[D_PAD / 8][4];
     zero(dq_acc);
-    const T* q_rows = q_tile + warp * 16 * STRIDE;
-    const T* do_rows = do_tile + warp * 16 * STRIDE;
+    const S* q_rows = q_tile + warp * 16 * STRIDE;
+    const S* do_rows = do_tile + warp * 16 * STRIDE;
 
     for (int tile = 0; tile < n_tiles; ++tile) {
         if (tile + 1 < n_tiles) load_kv(tile + 1);
@@ -363,16 +354,16 @@ attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
         cp_async_wait<1>();
         __syncthreads();
 
-        const T* ks = k_tile + (tile % 2) * BLOCK_N * STRIDE;
-        const T* vs = v_tile + (tile % 2) * BLOCK_N * STRIDE;
+        const S* ks = k_tile + (tile % 2) * BLOCK_N * STRIDE;
+        const S* vs = v_tile + (tile % 2) * BLOCK_N * STRIDE;
         const int n0 = tile * BLOCK_N;
         const bool warp_sees_tile = !CAUSAL || n0 <= warp_row0 + 15 + causal_offset;
         if (warp_sees_tile) {
             float s[N_BLOCKS][4], dp[N_BLOCKS][4];
             zero(s);
             zero(dp);
-            mma_rows_by_rows<T, D_PAD, N_BLOCKS / 2, STRIDE>(s, q_rows, ks, lane);
-            mma_rows_by_rows<T, D_PAD, N_BLOCKS / 2, STRIDE>(dp, do_rows, vs, lane);
+            mma_rows_by_rows<Op, D_PAD, N_BLOCKS / 2, STRIDE>(s, q_rows, ks, lane);
+            mma_rows_by_rows<Op, D_PAD, N_BLOCKS / 2, STRIDE>(dp, do_rows, vs, lane);
 
             const bool needs_mask = warp_row0 + 16 > seqlen_q || n0 + BLOCK_N > seqlen_k ||
                                     (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
@@ -389,7 +380,7 @@ attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
                     const float p = visible ? exp2f(s[j][e4] * scale_log2 - lse_log2[half]) : 0.0f;
                     dp[j][e4] = visible ? p * (dp[j][e4] - dlt[half]) : 0.0f;
                 }
-            mma_acc_by_rows<T, N_BLOCKS, D_PAD / 8, STRIDE>(dq_acc, dp, ks, lane);
+            mma_acc_by_rows<Op, N_BLOCKS, D_PAD / 8, STRIDE>(dq_acc, dp, ks, lane);
         }
         __syncthreads();
     }

@@ -1,12 +1,16 @@
-// Forward attention on tensor cores (sm_80+): float16 / bfloat16, float32 accumulation.
+// Forward attention on tensor cores (sm_80+), float32 accumulation. T is the type
+// of q, k, v and out in global memory; Op (mma.cuh) how tiles sit in shared
+// memory and are multiplied: MmaHalf<T> for float16 / bfloat16 inputs; for float32
+// inputs MmaTf32<3> (3xTF32, float32 accuracy), MmaTf32<1> (TF32), or
+// MmaHalf<__half / __nv_bfloat16> (staged: converted to a half type on load).
 //
 // Algorithm (FlashAttention-2): each warp owns MT x 16 query rows; per K/V tile,
-// S = Q K^T with mma.sync m16n8k16 (Q and K fragments by ldmatrix), online
-// softmax on the accumulators in base 2 with the scale folded in, P packed to
-// the input type straight from the S accumulators, O += P V (V fragments by
-// ldmatrix.trans). K/V tiles stream through a two-stage cp.async pipeline:
-// tile j + 1 loads while tile j is computed. Tiles that lie wholly below the
-// causal diagonal skip the mask arithmetic.
+// S = Q K^T with mma.sync (Q and K fragments by ldmatrix), online softmax on the
+// accumulators in base 2 with the scale folded in, P taken as the next A operand
+// straight from the S accumulators, O += P V (V fragments by ldmatrix.trans, or
+// 32-bit loads for TF32). K/V tiles stream through a two-stage pipeline (cp.async
+// when no conversion is needed): tile j + 1 loads while tile j is computed. Tiles
+// that lie wholly below the causal diagonal skip the mask arithmetic.
 //
 // Needs: head_dim == head_dim_v, head_dim % 8 == 0, 16-byte aligned rows (the
 // planner checks; otherwise the SIMT kernel runs).
@@ -16,12 +20,11 @@
 // instead of one: at MT = 1 the ldmatrix traffic alone keeps shared memory as
 // busy as the tensor cores (one 512-byte x4 load per two m16n8k16).
 //
-// Shared memory (FwdMmaLayout; same names and order as plan.FwdMmaConfig.layout):
-//   q_tile [BLOCK_M][D_PAD + 8]            T
-//   k_tile [2][BLOCK_N][D_PAD + 8]         T   two pipeline stages
-//   v_tile [2][BLOCK_N][D_PAD + 8]         T
-// Each row is padded by 16 bytes, so the 8 rows one ldmatrix phase reads fall
-// in 8 different 16-byte bank groups (row stride = 16 mod 128 bytes).
+// Shared memory (FwdMmaLayout; same names and order as plan.FwdMmaConfig.layout),
+// S = Op::Smem, rows padded by 16 bytes (padded_stride):
+//   q_tile [BLOCK_M][STRIDE]            S
+//   k_tile [2][BLOCK_N][STRIDE]         S   two pipeline stages
+//   v_tile [2][BLOCK_N][STRIDE]         S
 #pragma once
 
 #include "mma.cuh"
@@ -31,7 +34,7 @@ namespace cupyattn {
 
 template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N>
 struct FwdMmaLayout {
-    static constexpr int STRIDE = D_PAD + 8;  // elements per padded row
+    static constexpr int STRIDE = padded_stride<T, D_PAD>();  // elements per padded row
     static constexpr int STAGES = 2;
     static constexpr int q_tile = 0;
     static constexpr int k_tile = align16(q_tile + BLOCK_M * STRIDE * (int)sizeof(T));
@@ -41,7 +44,7 @@ struct FwdMmaLayout {
     static constexpr int offsets[num_buffers] = {q_tile, k_tile, v_tile};
 };
 
-template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
 __global__ void __launch_bounds__(NUM_WARPS * 32, 1)
 attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
              T* __restrict__ out, float* __restrict__ lse,
@@ -52,7 +55,8 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
              int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
              int head_dim, int head_dim_v, int num_m_tiles,
              float scale_log2, int causal_offset) {
-    using L = FwdMmaLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
+    using S = typename Op::Smem;
+    using L = FwdMmaLayout<S, D_PAD, BLOCK_M, BLOCK_N>;
     constexpr int THREADS = NUM_WARPS * 32;
     constexpr int STRIDE = L::STRIDE;
     constexpr int MT = BLOCK_M / (16 * NUM_WARPS);  // 16-row m-tiles per warp
@@ -62,9 +66,9 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     static_assert(D_PAD % 16 == 0 && BLOCK_N % 16 == 0, "mma k-steps are 16 wide");
 
     extern __shared__ __align__(16) unsigned char smem[];
-    T* q_tile = reinterpret_cast<T*>(smem + L::q_tile);
-    T* k_tile = reinterpret_cast<T*>(smem + L::k_tile);
-    T* v_tile = reinterpret_cast<T*>(smem + L::v_tile);
+    S* q_tile = reinterpret_cast<S*>(smem + L::q_tile);
+    S* k_tile = reinterpret_cast<S*>(smem + L::k_tile);
+    S* v_tile = reinterpret_cast<S*>(smem + L::v_tile);
 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -82,12 +86,12 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
 
     auto load_kv = [&](int tile) {
         const int n0 = tile * BLOCK_N, stage = tile % 2;
-        cp_async_tile<T, BLOCK_N, D_PAD, STRIDE, THREADS>(k_tile + stage * BLOCK_N * STRIDE, k + n0 * k_ss,
+        stage_tile<T, S, BLOCK_N, D_PAD, STRIDE, THREADS>(k_tile + stage * BLOCK_N * STRIDE, k + n0 * k_ss,
                                                           k_ss, n_end - n0, head_dim);
-        cp_async_tile<T, BLOCK_N, D_PAD, STRIDE, THREADS>(v_tile + stage * BLOCK_N * STRIDE, v + n0 * v_ss,
+        stage_tile<T, S, BLOCK_N, D_PAD, STRIDE, THREADS>(v_tile + stage * BLOCK_N * STRIDE, v + n0 * v_ss,
                                                           v_ss, n_end - n0, head_dim_v);
     };
-    cp_async_tile<T, BLOCK_M, D_PAD, STRIDE, THREADS>(q_tile, q, q_ss, seqlen_q - m0, head_dim);
+    stage_tile<T, S, BLOCK_M, D_PAD, STRIDE, THREADS>(q_tile, q, q_ss, seqlen_q - m0, head_dim);
     if (n_tiles > 0) load_kv(0);
     cp_async_commit();
 
@@ -107,13 +111,12 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
             l_run[mt][half] = 0.0f;
         }
     const int warp_row0 = m0 + warp * 16 * MT;  // the warp's first query row
-    // Shared-memory addresses of the rows this lane hands to ldmatrix (see mma.cuh
-    // for the mapping); the loops below add compile-time byte offsets.
-    constexpr int ROW = STRIDE * (int)sizeof(T), E = (int)sizeof(T);
-    const int mi = lane / 8, rr = lane % 8;
-    const unsigned q_addr = smem_addr(q_tile + (warp * 16 * MT + rr + (mi & 1) * 8) * STRIDE + (mi >> 1) * 8);
-    const unsigned k_addr0 = smem_addr(k_tile + ((mi >> 1) * 8 + rr) * STRIDE + (mi & 1) * 8);
-    const unsigned v_addr0 = smem_addr(v_tile + ((mi & 1) * 8 + rr) * STRIDE + (mi >> 1) * 8);
+    // Shared-memory addresses of the rows this lane reads fragments from (see
+    // mma.cuh for the mapping); the loops below add compile-time byte offsets.
+    constexpr int ROW = STRIDE * (int)sizeof(S), E = (int)sizeof(S);
+    const unsigned q_addr = smem_addr(q_tile + warp * 16 * MT * STRIDE + a_lane_offset<S>(lane, STRIDE));
+    const unsigned k_addr0 = smem_addr(k_tile + b_lane_offset<S>(lane, STRIDE));
+    const unsigned v_addr0 = smem_addr(v_tile + Op::kmajor_lane_offset(lane, STRIDE));
 
     for (int tile = 0; tile < n_tiles; ++tile) {
         if (tile + 1 < n_tiles) load_kv(tile + 1);  // the other stage, free since the last barrier
@@ -136,18 +139,18 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
                     for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.0f;
             // S = Q K^T: each K fragment feeds all MT m-tiles of the warp.
 #pragma unroll
-            for (int kk = 0; kk < D_PAD; kk += 16) {
-                unsigned a[MT][4];
+            for (int kk = 0; kk < D_PAD; kk += Op::K_STEP) {
+                typename Op::A a[MT];
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], q_addr + mt * 16 * ROW + kk * E);
+                for (int mt = 0; mt < MT; ++mt) Op::load_a(a[mt], q_addr + mt * 16 * ROW + kk * E);
 #pragma unroll
                 for (int j = 0; j < N_BLOCKS; j += 2) {
-                    unsigned b[4];  // b0, b1 of key blocks j and j + 1
-                    ldmatrix_x4(b, k_addr + j * 8 * ROW + kk * E);
+                    typename Op::B b;  // key blocks j and j + 1
+                    Op::load_b(b, k_addr + j * 8 * ROW + kk * E);
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
-                        mma_16816(s[mt][j], a[mt], b[0], b[1], T());
-                        mma_16816(s[mt][j + 1], a[mt], b[2], b[3], T());
+                        Op::mma(s[mt][j], a[mt], b, 0);
+                        Op::mma(s[mt][j + 1], a[mt], b, 1);
                     }
                 }
             }
@@ -194,29 +197,8 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
                     }
                 }
 
-            // O += P V, 16 keys (two S blocks = one A fragment) per k-step; each V
-            // fragment feeds all MT m-tiles.
-#pragma unroll
-            for (int kb = 0; kb < N_BLOCKS; kb += 2) {
-                unsigned a[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    a[mt][0] = MmaType<T>::pack(s[mt][kb][0], s[mt][kb][1]);
-                    a[mt][1] = MmaType<T>::pack(s[mt][kb][2], s[mt][kb][3]);
-                    a[mt][2] = MmaType<T>::pack(s[mt][kb + 1][0], s[mt][kb + 1][1]);
-                    a[mt][3] = MmaType<T>::pack(s[mt][kb + 1][2], s[mt][kb + 1][3]);
-                }
-#pragma unroll
-                for (int j = 0; j < D_BLOCKS; j += 2) {
-                    unsigned b[4];  // b0, b1 of value columns j and j + 1
-                    ldmatrix_x4_trans(b, v_addr + kb * 8 * ROW + j * 8 * E);
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        mma_16816(o_acc[mt][j], a[mt], b[0], b[1], T());
-                        mma_16816(o_acc[mt][j + 1], a[mt], b[2], b[3], T());
-                    }
-                }
-            }
+            // O += P V (acc_times_kmajor, mma.cuh): each V fragment feeds all MT m-tiles.
+            acc_times_kmajor<Op, MT, N_BLOCKS, D_BLOCKS, ROW>(o_acc, s, v_addr);
         }
         __syncthreads();  // this stage is free for the load two tiles ahead
     }

@@ -14,6 +14,10 @@ constexpr float LN2 = 0.6931471805599453f;
 
 __host__ __device__ constexpr int align16(int bytes) { return (bytes + 15) / 16 * 16; }
 
+// std::is_same_v without <type_traits> (not every NVRTC ships it).
+template <typename A, typename B> constexpr bool same_type = false;
+template <typename A> constexpr bool same_type<A, A> = true;
+
 // Element traits. A "word" is 4 bytes of a shared-memory row: one float or two
 // halves. SIMT kernels read shared memory a word per lane, which is what the
 // one-word row padding against bank conflicts is measured in.

@@ -47,7 +47,7 @@ def _copies(nbytes):
     return max(1, min(8, -(-3 * L2_BYTES // max(1, nbytes))))
 
 
-def bench_cupyattn(B, H, S, D, dtype, causal, backward):
+def bench_cupyattn(B, H, S, D, dtype, causal, backward, precision=None):
     n = _copies(3 * B * S * H * D * 2)
     rng = cupy.random.default_rng(0)
     sets = [[device_values((B, S, H, D), dtype, rng) for _ in range(4)] for _ in range(n)]
@@ -56,15 +56,16 @@ def bench_cupyattn(B, H, S, D, dtype, causal, backward):
     if not backward:
         def fn():
             q, k, v, _ = sets[next(it) % n]
-            cupyattn.attention(q, k, v, causal=causal)
+            cupyattn.attention(q, k, v, causal=causal, precision=precision)
     else:
-        saved += [cupyattn.attention(q, k, v, causal=causal, return_lse=True) for q, k, v, _ in sets]
+        saved += [cupyattn.attention(q, k, v, causal=causal, return_lse=True, precision=precision)
+                  for q, k, v, _ in sets]
 
         def fn():
             i = next(it) % n
             q, k, v, do = sets[i]
             out, lse = saved[i]
-            cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal)
+            cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=precision)
     ms = median_ms(fn, repeats=REPEATS, warmup=WARMUP)
     hook = peak_allocation_hook()
     with hook:

@@ -1,5 +1,5 @@
-"""A reduced suite for compute-sanitizer: every kernel family once per dtype, causal
-and not, odd sizes (1, tile - 1, tile + 1, Sq != Sk), GQA, strided views, with
+"""A reduced suite for compute-sanitizer: every kernel family once per dtype (float32
+in each precision mode: 3xTF32, TF32, bfloat16- and float16-staged), causal and not, odd sizes (1, tile - 1, tile + 1, Sq != Sk), GQA, strided views, with
 CuPy's memory pool disabled so an out-of-bounds access lands outside any allocation.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_cases.py
@@ -31,16 +31,17 @@ CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal)
 def main():
     rng = np.random.default_rng(0)
     n = 0
-    for dtype in ("float16", "bfloat16", "float32"):
+    runs = [("float16", None), ("bfloat16", None)] + [("float32", p) for p in ("fp32", "tf32", "bf16", "fp16")]
+    for dtype, precision in runs:
         for B, Sq, Sk, Hq, Hkv, D, causal in CASES:
             q, k, v, do = (testing.to_device(testing.host_values(shape, dtype, rng), dtype) for shape in
                            ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D)))
-            out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True)
-            cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal)
+            out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, precision=precision)
+            cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=precision)
             # A strided view (SIMT path) of the same data.
             raw = q.view(f"u{q.itemsize}")  # copy bits: CuPy has no bfloat16 kernels
             qs = cupy.concatenate([raw, raw], axis=2)[:, :, :Hq].view(q.dtype)
-            cupyattn.attention(qs, k, v, causal=causal)
+            cupyattn.attention(qs, k, v, causal=causal, precision=precision)
             n += 1
     cupy.cuda.Device().synchronize()
     print(f"sanitize cases: {n} shapes x (forward, backward, strided forward) ran")

@@ -1,13 +1,15 @@
 """Registers and spills of every tensor-core tile candidate, per architecture, without a GPU.
 
 Compiles each candidate of FWD_MMA_TILES, BWD_DKDV_MMA_TILES and BWD_DQ_MMA_TILES at
-head dims 32..256 (float16, causal) for each architecture through NVRTC and ptxas
+head dims 32..256 (causal; float16 by default, or the --modes given: dtype:precision,
+e.g. float32:fp32 for 3xTF32) for each architecture through NVRTC and ptxas
 (-Xptxas=-v), then prints, per kernel family and architecture, the fewest
 accumulators per lane that spilled and the most that did not: the evidence behind
 the register budgets in cupyattn/plan.py (``MmaConfig.register_budget``), and
 whether the planner's budget would admit a spilling tile.
 
     PYTHONPATH=. python scripts/spill_map.py [--archs sm_80,sm_90,sm_100,sm_120] [--jsonl FILE]
+        [--modes float16:fp16,float32:fp32,float32:tf32,float32:bf16]
 """
 
 import argparse
@@ -27,10 +29,10 @@ FAMILIES = ((P.FwdMmaConfig, "FWD_MMA_TILES"), (P.BwdDkdvMmaConfig, "BWD_DKDV_MM
             (P.BwdDqMmaConfig, "BWD_DQ_MMA_TILES"))
 
 
-def candidates(head_dims):
-    for d, (cls, attr) in itertools.product(head_dims, FAMILIES):
+def candidates(head_dims, modes):
+    for (dtype, precision), d, (cls, attr) in itertools.product(modes, head_dims, FAMILIES):
         for tile in getattr(P, attr):
-            cfg = cls("float16", d, *tile, True)
+            cfg = cls(dtype, precision, d, *tile, True)
             if cfg.valid:
                 yield cfg
 
@@ -41,15 +43,18 @@ def main():
     parser.add_argument("--dims", default="32,64,96,128,160,192,224,256")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--jsonl", default=None)
+    parser.add_argument("--modes", default="float16:fp16", help="dtype:precision pairs, comma-separated")
     args = parser.parse_args()
     archs = args.archs.split(",")
-    work = list(itertools.product(candidates(int(d) for d in args.dims.split(",")), archs))
+    modes = [tuple(m.split(":")) for m in args.modes.split(",")]
+    dims = [int(d) for d in args.dims.split(",")]
+    work = list(itertools.product(candidates(dims, modes), archs))
 
     def compile_one(item):
         cfg, arch = item
         r = compile_only(cfg, arch)
         cc = (int(arch[3:-1]), int(arch[-1]))
-        return dict(name=cfg.name_expression, family=cfg.KERNEL.split("::")[1], arch=arch,
+        return dict(name=cfg.name_expression, family=f"{cfg.KERNEL.split('::')[1]} {cfg.precision}", arch=arch,
                     accumulators=cfg.accumulators_per_lane, admitted=cfg.fits_registers(cc),
                     registers=r.registers, spills=r.spills)
 

@@ -5,7 +5,7 @@ under test (the other families keep their default choice) and the call is timed
 (median of CUDA events, fresh inputs). The table orders the candidates by time; the
 planner's preference lists in cupyattn/plan.py are written from it.
 
-    PYTHONPATH=. python scripts/tune_tiles.py [--dtype float16] [--causal] [--json FILE]
+    PYTHONPATH=. python scripts/tune_tiles.py [--dtype float16] [--precision fp32] [--causal] [--json FILE]
 """
 
 import argparse
@@ -38,6 +38,7 @@ def _restrict(attr, tiles):
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--precision", default=None, help="for float32: fp32, tf32, bf16 or fp16")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--dims", default="64,128,256")
     parser.add_argument("--seqlen", type=int, default=4096)
@@ -47,6 +48,8 @@ def main():
     B, H, S = 4, 16, args.seqlen
     spec = current_device()
     originals = {attr: getattr(P, attr) for attr, _, _ in FAMILIES.values()}
+    precision = P.parse_precision(args.precision, args.dtype)[0]
+    opts = dict(causal=args.causal, precision=precision)
     rows = []
     for family in args.families.split(","):
         attr, cls, backward = FAMILIES[family]
@@ -54,24 +57,22 @@ def main():
             rng = cupy.random.default_rng(1)
             q, k, v, do = (device_values((B, S, H, D), args.dtype, rng) for _ in range(4))
             for tile in originals[attr]:
-                cfg = cls(args.dtype, D, *tile, args.causal)
+                cfg = cls(args.dtype, precision, D, *tile, args.causal)
                 if not cfg.valid or cfg.layout.total > spec.smem_per_block_optin:
                     continue
                 _restrict(attr, [tile])
                 try:
                     if backward:
-                        out, lse = cupyattn.attention(q, k, v, causal=args.causal, return_lse=True)
-                        ms = median_ms(lambda: cupyattn.attention_backward(do, q, k, v, out, lse,
-                                                                           causal=args.causal),
+                        out, lse = cupyattn.attention(q, k, v, return_lse=True, **opts)
+                        ms = median_ms(lambda: cupyattn.attention_backward(do, q, k, v, out, lse, **opts),
                                        repeats=10, warmup=2)
-                        bplan = P.plan_backward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S),
-                                                spec)
+                        bplan = P.plan_backward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S,
+                                                                   precision=(precision,)), spec)
                         chosen = (bplan.dkdv if family == "dkdv" else bplan.dq).config
                     else:
-                        ms = median_ms(lambda: cupyattn.attention(q, k, v, causal=args.causal),
-                                       repeats=10, warmup=2)
-                        chosen = P.plan_forward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S),
-                                                spec).config
+                        ms = median_ms(lambda: cupyattn.attention(q, k, v, **opts), repeats=10, warmup=2)
+                        chosen = P.plan_forward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S,
+                                                                   precision=(precision,)), spec).config
                     assert chosen == cfg, (chosen, cfg)
                     row = dict(family=family, D=D, tile=list(tile), ms=ms, name=cfg.name_expression,
                                smem=cfg.layout.total)
@@ -80,7 +81,7 @@ def main():
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             _restrict(attr, originals[attr])
-    print(f"\n{args.dtype} B={B} H={H} S={S} causal={args.causal}: whole-call ms "
+    print(f"\n{args.dtype} ({precision}) B={B} H={H} S={S} causal={args.causal}: whole-call ms "
           "(backward: delta + dK/dV + dQ), fastest first")
     for family in args.families.split(","):
         for D in (int(d) for d in args.dims.split(",")):

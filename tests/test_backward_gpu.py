@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import cupyattn
 from cupyattn import testing
-from cupyattn.reference import attention_backward_reference, delta_cancellation_error, logit_bound
+from cupyattn.reference import (attention_backward_reference, cancellation_unit, delta_cancellation_error,
+                                logit_bound, operand_precision)
 
 pytestmark = pytest.mark.gpu
 
@@ -35,30 +36,33 @@ def _poisoned_like(x, dtype):
 
 
 def run_backward_and_check(*, B, Sq, Sk, Hq, Hkv, D, Dv, dtype, causal, scale=None, layout="bshd",
-                           strided=False, smem_limit=None, seed=0):
+                           strided=False, smem_limit=None, seed=0, precision=None):
     (hq, hk, hv, hdo), (q, k, v, dout) = _inputs(B, Sq, Sk, Hq, Hkv, D, Dv, dtype, layout, strided, seed)
     out, lse = cupyattn.attention(q, k, v, causal=causal, scale=scale, layout=layout,
-                                  return_lse=True, smem_limit=smem_limit)
+                                  return_lse=True, smem_limit=smem_limit, precision=precision)
     grads = [_poisoned_like(x, dtype) for x in (q, k, v)]
     got = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
                                       layout=layout, dq=grads[0], dk=grads[1], dv=grads[2],
-                                      smem_limit=smem_limit)
+                                      smem_limit=smem_limit, precision=precision)
     assert all(a is b for a, b in zip(got, grads))
     ref = attention_backward_reference(hdo, hq, hk, hv, causal=causal, scale=scale)
-    ref_p = attention_backward_reference(hdo, hq, hk, hv, causal=causal, scale=scale, precision=dtype)
+    operands, out_precision = operand_precision(dtype, precision)
+    ref_p = attention_backward_reference(hdo, hq, hk, hv, causal=causal, scale=scale, precision=operands,
+                                         out_precision=out_precision)
     # Longest float32 sum behind any gradient element: over queries (dK, dV), keys (dQ), or
     # the head dims of dP = dO V^T and delta = rowsum(dO O), whose difference cancels
     # exactly where a row's probability sits on one key; the rounding noise left there
     # reaches dQ and dK at its own size, not theirs (delta_cancellation_error).
     reduction = max(Sq * (Hq // Hkv), Sk, D, Dv)
     bound = logit_bound(hq, hk, scale)
-    cancellation = (*delta_cancellation_error(hdo, hq, hk, hv, causal=causal, scale=scale), 0.0)
+    cancellation = (*delta_cancellation_error(hdo, hq, hk, hv, causal=causal, scale=scale,
+                                              unit=cancellation_unit(dtype, precision)), 0.0)
     for name, g, r, rp, extra in zip(("dq", "dk", "dv"), got, ref, ref_p, cancellation):
         g = testing.to_host(g)
         if layout == "bhsd":
             g = g.transpose(0, 2, 1, 3)
         assert not np.isnan(g).any(), f"{name} has NaN (unwritten or leaked from padding)"
-        cmp = testing.compare(g, r, rp, dtype, reduction, factor=3.0, logit_bound=bound, extra=extra)
+        cmp = testing.compare(g, r, rp, operands, reduction, factor=3.0, logit_bound=bound, extra=extra)
         assert cmp.ok, f"{name}: {cmp}"
 
 

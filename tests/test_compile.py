@@ -11,7 +11,7 @@ import pytest
 
 from cupyattn import compile as cc
 from cupyattn.device import named_device
-from cupyattn.plan import (AttentionProblem, FwdSimtConfig, check_expression, plan_forward,
+from cupyattn.plan import (PRECISIONS, AttentionProblem, FwdSimtConfig, check_expression, plan_forward,
                            planned_configs)
 
 
@@ -37,7 +37,8 @@ SPILL_ALLOWANCE: dict = {}
 
 
 def _planned(arch):
-    configs = planned_configs(named_device(ARCH_DEVICES[arch]), HEAD_DIMS, ("float16", "bfloat16", "float32"))
+    configs = planned_configs(named_device(ARCH_DEVICES[arch]), HEAD_DIMS, ("float16", "bfloat16", "float32"),
+                              precisions=PRECISIONS)
     return [(arch, cfg) for _, cfg in sorted(configs.items())]
 
 
@@ -47,7 +48,8 @@ MATRIX = [case for arch in ARCH_DEVICES for case in _planned(arch)]
 @pytest.mark.parametrize("arch,config", MATRIX,
                          ids=[f"{a}-{c.name_expression.replace('cupyattn::', '')}" for a, c in MATRIX])
 def test_planned_kernels_compile_for_every_architecture_without_spills(arch, config):
-    """Forward and backward, head dims 32..256, each dtype, as planned for each GPU."""
+    """Forward and backward, head dims 32..256, each dtype (float32 in each precision mode),
+    as planned for each GPU."""
     spec = named_device(ARCH_DEVICES[arch])
     report = cc.compile_only(config, arch)
     assert report.spills <= SPILL_ALLOWANCE.get(config.name_expression, 0), report.log
@@ -97,28 +99,37 @@ def test_installed_package_finds_its_kernels(tmp_path):
 
 
 @pytest.mark.parametrize("arch,device", [("sm_80", "a100"), ("sm_90", "h100")])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype,precision", [("float16", None), ("bfloat16", None), ("float32", "fp32"),
+                                             ("float32", "tf32"), ("float32", "bf16")])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("kernel", ["forward", "dkdv", "dq"])
-def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, d, kernel):
-    """The fast configurations as planned for an A100 / H100: tensor-core instructions, no spills."""
+def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, precision, d, kernel):
+    """The fast configurations as planned for an A100 / H100: tensor-core instructions of the
+    precision mode (TF32 m16n8k8 for float32's fp32 / tf32), no spills."""
     from cupyattn.plan import MmaConfig, plan_backward
 
-    problem = AttentionProblem(dtype, d, d, True, 4, 16, 16, 4096, 4096)
+    problem = AttentionProblem(dtype, d, d, True, 4, 16, 16, 4096, 4096, precision=precision)
     spec = named_device(device)
     if kernel == "forward":
         cfg = plan_forward(problem, spec).config
     else:
         bplan = plan_backward(problem, spec)
         cfg = (bplan.dkdv if kernel == "dkdv" else bplan.dq).config
-    assert isinstance(cfg, MmaConfig)
+    if (precision, d, kernel) == ("fp32", 256, "forward"):  # every 3xTF32 tile would spill: FFMA
+        assert not isinstance(cfg, MmaConfig)
+        return
+    assert isinstance(cfg, MmaConfig) and cfg.precision == (precision or cfg.precision)
     try:
         text = cc.sass(cc.compile_only(cfg, arch))
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    assert "HMMA.16816.F32" in text  # m16n8k16, float32 accumulate
+    if precision in ("fp32", "tf32"):
+        assert "HMMA.1688.F32.TF32" in text  # m16n8k8 TF32, float32 accumulate
+    else:
+        assert "HMMA.16816.F32" in text  # m16n8k16, float32 accumulate
     assert "LDSM" in text  # ldmatrix
-    assert "LDGSTS" in text  # cp.async
+    # cp.async where nothing is converted; staged float32 -> bfloat16 goes through registers
+    assert ("LDGSTS" in text) == (precision != "bf16")
     assert "LDL" not in text and "STL" not in text  # nothing spilled to local memory
 
 

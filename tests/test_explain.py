@@ -35,7 +35,7 @@ def test_explain_with_smem_limit_and_rejections():
 
 def test_explain_names_tiles_skipped_for_registers_in_text_and_json():
     e = explain(128, "float16", causal=True, device="h200", compile=False)
-    name = "cupyattn::attn_fwd_mma<__half, 128, 128, 64, 4, true>"
+    name = "cupyattn::attn_fwd_mma<__half, cupyattn::MmaHalf<__half>, 128, 128, 64, 4, true>"
     assert f"skipped {name}: two 16-row m-tiles per warp" in str(e)
     skipped = json.loads(json.dumps(e.to_dict()))["kernels"][0]["skipped_for_registers"]
     assert {"name_expression": name, "reason": dict(e.kernels[0].plan.register_skipped)[name]} in skipped
@@ -82,12 +82,18 @@ def _cli(*args):
 def test_cli_caps_and_explain_on_named_devices():
     res = _cli("caps", "--device", "rtx6000ada", "--dtype", "float32", "--head-dim", "128")
     assert res.returncode == 0, res.stderr
-    assert "101376 opt-in" in res.stdout and "attn_fwd_simt<float, 128" in res.stdout
+    assert "101376 opt-in" in res.stdout and "attn_fwd_mma<float, cupyattn::MmaTf32<3>, 128" in res.stdout
     res = _cli("explain", "--head-dim", "128", "--dtype", "float32", "--backward", "--device",
                "rtx6000ada", "--no-compile")
     assert res.returncode == 0, res.stderr
-    for name in ("k_tile", "v_tile", "q_tile", "do_tile", "of 101376 bytes opt-in"):
+    for name in ("k_tile", "v_tile", "q_tile", "do_tile", "of 101376 bytes opt-in", "precision: fp32: 3xTF32"):
         assert name in res.stdout
+    res = _cli("explain", "--head-dim", "128", "--dtype", "float32", "--precision", "bf16", "--device",
+               "rtx6000ada", "--no-compile", "--json")
+    assert res.returncode == 0, res.stderr
+    kernel = json.loads(res.stdout)["kernels"][0]
+    assert kernel["precision"] == "bf16" and kernel["buffers"][0]["dtype"] == "bfloat16"
+    assert "float32 staged as bfloat16" in kernel["buffers"][0]["note"]
     res = _cli("explain", "--device", "gtx480")
     assert res.returncode != 0 and "unknown device name 'gtx480'" in res.stderr
 

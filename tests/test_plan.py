@@ -53,7 +53,8 @@ def test_float32_head_dim_128_on_rtx6000ada_opts_in_past_48k():
     plan = plan_forward(AttentionProblem("float32", 128, 128, True, 4, 4, 4, 4096, 4096),
                         named_device("rtx6000ada"))
     assert 49152 < plan.smem_bytes <= 101376
-    assert (plan.config.block_m, plan.config.block_n) == (64, 64)
+    assert isinstance(plan.config, MmaConfig) and plan.precision == "fp32"  # 3xTF32 on sm_89
+    assert (plan.config.block_m, plan.config.block_n) == (64, 32)
     # Sized for the 48 KiB default instead, the tiles would have to shrink.
     small = plan_forward(plan.problem, named_device("rtx6000ada").with_smem_limit(49152))
     assert small.smem_bytes <= 49152 and small.rejected
@@ -91,12 +92,13 @@ def test_no_fit_error_lists_every_candidate_and_the_limit():
 
 
 def test_short_queries_get_short_tiles_and_small_grids_more_blocks():
-    spec = named_device("h100")
-    for dtype in ("float16", "float32"):  # tensor-core and SIMT tiles
+    for dtype, device in (("float16", "h100"), ("float32", "h100"), ("float32", "v100")):  # mma and SIMT
+        spec = named_device(device)
+        simt = device == "v100"
         decode = plan_forward(AttentionProblem(dtype, 128, 128, False, 1, 8, 1, 1, 4096), spec)
-        assert decode.config.block_m == (16 if dtype == "float16" else 8)
+        assert decode.config.block_m == (8 if simt else 16)
         big = plan_forward(AttentionProblem(dtype, 128, 128, False, 8, 16, 16, 8192, 8192), spec)
-        assert big.config.block_m == (128 if dtype == "float16" else 64)
+        assert big.config.block_m == (64 if simt else 128)
         small = plan_forward(AttentionProblem(dtype, 64, 64, False, 1, 2, 2, 512, 512), spec)
         assert small.config.block_m < big.config.block_m  # big tiles would leave most SMs idle
 
@@ -147,10 +149,11 @@ def test_backward_is_planned_apart_from_the_forward():
     from cupyattn.plan import plan_backward
 
     problem = AttentionProblem("float32", 128, 128, True, 4, 4, 4, 4096, 4096)
-    spec = named_device("rtx6000ada")
+    spec = named_device("v100")  # CUDA cores: FFMA
     fwd = plan_forward(problem, spec)
     bwd = plan_backward(problem, spec)
-    assert (fwd.config.block_m, fwd.config.block_n) == (64, 64)  # not shrunk to the backward's needs
+    assert (fwd.config.block_m, fwd.config.block_n) == (64, 32)  # not shrunk to the backward's needs
+    assert fwd.smem_bytes > max(p.smem_bytes for p in bwd.plans) - 1024
     names = [b.name for b in bwd.dkdv.layout]
     assert names == ["k_tile", "v_tile", "q_tile", "do_tile"]
     assert [b.name for b in bwd.dq.layout] == ["q_tile", "do_tile", "k_tile", "v_tile"]
@@ -167,7 +170,8 @@ def test_tensor_core_forward_is_chosen_only_where_it_can_run():
     assert isinstance(cfg(), FwdMmaConfig) and isinstance(cfg("bfloat16", 256), FwdMmaConfig)
     assert cfg(device="rtx3090").block_m < 128 or cfg(device="rtx3090").block_n < 64  # 104448 > 101376 bytes
     assert isinstance(cfg(d=40, device="a100"), FwdMmaConfig)  # 40 pads to 48
-    assert isinstance(cfg("float32"), FwdSimtConfig)
+    assert isinstance(cfg("float32"), FwdMmaConfig) and cfg("float32").precision == "fp32"  # 3xTF32
+    assert isinstance(cfg("float32", device="v100"), FwdSimtConfig)  # FFMA before sm_80
     assert isinstance(cfg(device="t4"), FwdSimtConfig)  # m16n8k16 needs sm_80
     assert isinstance(cfg(d=100), FwdSimtConfig)  # rows not a multiple of 16 bytes
     assert isinstance(cfg(d=128, dv=64), FwdSimtConfig)
@@ -186,14 +190,16 @@ def test_tensor_core_backward_is_chosen_only_where_it_can_run():
         dkdv, dq = cfgs(d=d)
         assert isinstance(dkdv, BwdDkdvMmaConfig) and isinstance(dq, BwdDqMmaConfig)
     assert cfgs(d=256)[0].d_split == 2  # two warps share 16 keys: 128 dK/dV columns each
-    for kwargs in ({"dtype": "float32"}, {"device": "t4"}, {"d": 100}, {"dv": 64}, {"aligned": False}):
+    assert cfgs(dtype="float32")[0].precision == cfgs(dtype="float32")[1].precision == "fp32"
+    for kwargs in ({"dtype": "float32", "device": "v100"}, {"device": "t4"}, {"d": 100}, {"dv": 64},
+                   {"aligned": False}):
         assert [type(c).__name__ for c in cfgs(**kwargs)] == ["BwdDkdvSimtConfig", "BwdDqSimtConfig"], kwargs
 
 
 def test_backward_tensor_core_layout_has_its_staged_rows_and_statistics():
     from cupyattn.plan import BwdDkdvMmaConfig
 
-    lay = BwdDkdvMmaConfig("float16", 64, 64, 64, 4, True).layout
+    lay = BwdDkdvMmaConfig("float16", "fp16", 64, 64, 64, 4, True).layout
     assert [b.name for b in lay] == ["k_tile", "v_tile", "q_tile", "do_tile", "lse_tile", "delta_tile"]
     assert lay["q_tile"].shape == (2, 64, 72) and lay["lse_tile"].shape == (2, 64)
     assert lay.total == 2 * 64 * 72 * 2 + 2 * (2 * 64 * 72 * 2) + 2 * (2 * 64 * 4)
@@ -202,9 +208,9 @@ def test_backward_tensor_core_layout_has_its_staged_rows_and_statistics():
 def test_tensor_core_layout_names_its_pipeline_stages_and_padding():
     from cupyattn.plan import FwdMmaConfig
 
-    lay = FwdMmaConfig("bfloat16", 128, 64, 64, 4, False).layout
+    lay = FwdMmaConfig("bfloat16", "bf16", 128, 64, 64, 4, False).layout
     assert [b.name for b in lay] == ["q_tile", "k_tile", "v_tile"]
-    assert lay["k_tile"].shape == (2, 64, 136) and "2 cp.async stages" in lay["k_tile"].note
+    assert lay["k_tile"].shape == (2, 64, 136) and "2 pipeline stages" in lay["k_tile"].note
     assert lay.total == 64 * 136 * 2 + 2 * (2 * 64 * 136 * 2)
 
 
@@ -215,11 +221,82 @@ def test_tiles_left_out_for_registers_are_named_with_the_reason():
     problem = AttentionProblem("float16", 128, 128, True, 4, 16, 16, 4096, 4096)
     plan = plan_forward(problem, named_device("h200"))
     skipped = dict(plan.register_skipped)
-    why = skipped["cupyattn::attn_fwd_mma<__half, 128, 128, 64, 4, true>"]
+    name = "cupyattn::attn_fwd_mma<__half, cupyattn::MmaHalf<__half>, 128, 128, 64, 4, true>"
+    why = skipped[name]
     assert "two 16-row m-tiles per warp: 256 accumulators" in why and "192" in why
     assert plan.config.name_expression not in skipped
-    assert "  skipped cupyattn::attn_fwd_mma<__half, 128, 128, 64, 4, true>: two 16-row" in plan.describe()
+    assert f"  skipped {name}: two 16-row" in plan.describe()
     bplan = plan_backward(AttentionProblem("bfloat16", 256, 256, False), named_device("rtx5090"))
     assert "over the spill-free budget of 80 on sm_120" in dict(bplan.dkdv.register_skipped)[
-        "cupyattn::attn_bwd_dkdv_mma<__nv_bfloat16, 256, 32, 32, 4, false>"]
-    assert plan_forward(AttentionProblem("float32", 128, 128, True), named_device("h200")).register_skipped == ()
+        "cupyattn::attn_bwd_dkdv_mma<__nv_bfloat16, cupyattn::MmaHalf<__nv_bfloat16>, 256, 32, 32, 4, false>"]
+    assert plan_forward(AttentionProblem("float32", 128, 128, True), named_device("v100")).register_skipped == ()
+
+
+def test_precision_is_parsed_with_clear_errors():
+    from cupyattn.plan import parse_precision
+
+    assert parse_precision(None, "float32") == ("fp32",)
+    assert parse_precision("tf32", "float32") == ("tf32",)
+    assert parse_precision(["bf16", "fp32", "bf16"], "float32") == ("bf16", "fp32")
+    assert parse_precision(None, "bfloat16") == ("bf16",) == parse_precision("bf16", "bfloat16")
+    with pytest.raises(ValueError, match="precision: expected None, one of"):
+        parse_precision("fp64", "float32")
+    with pytest.raises(ValueError, match="precision: expected None"):
+        parse_precision((), "float32")
+    with pytest.raises(ValueError, match="float16 inputs compute with 'fp16' operands; got 'tf32'"):
+        parse_precision("tf32", "float16")
+
+
+@pytest.mark.parametrize("device", sorted(NAMED_DEVICES))
+def test_every_precision_mode_has_a_fitting_plan_on_every_device(device):
+    """Issue 6: each float32 mode, forward and backward, head dims 1..256, fits; sm_80+
+    runs it on tensor cores where the shape allows, older GPUs fall back to FFMA."""
+    from cupyattn.plan import PRECISIONS, plan_backward
+
+    spec = named_device(device)
+    tensor_cores = spec.compute_capability >= (8, 0)
+    for precision in PRECISIONS:
+        for d in range(1, 257):
+            for causal in (False, True):
+                problem = AttentionProblem("float32", d, d, causal, precision=precision)
+                plans = (plan_forward(problem, spec), *plan_backward(problem, spec).plans)
+                for plan in plans:
+                    assert plan.smem_bytes <= spec.smem_per_block_optin
+                    on_tc = isinstance(plan.config, MmaConfig)
+                    if tensor_cores and d % 8 == 0 and not on_tc:  # every tile would spill: said so
+                        assert plan.register_skipped, (device, precision, d)
+                    assert not on_tc or (tensor_cores and d % 8 == 0)
+                    assert plan.precision == (precision if on_tc else "fp32")
+                    if on_tc:
+                        assert plan.config.fits_registers(spec.compute_capability)
+
+
+def test_staged_half_precision_halves_the_operand_tiles():
+    from cupyattn.plan import FwdMmaConfig
+
+    fp32 = FwdMmaConfig("float32", "fp32", 128, 64, 64, 4, True).layout
+    bf16 = FwdMmaConfig("float32", "bf16", 128, 64, 64, 4, True).layout
+    assert fp32["q_tile"].shape == (64, 132) and fp32["q_tile"].dtype == "float32"  # +16 bytes = 4 floats
+    assert bf16["q_tile"].shape == (64, 136) and bf16["q_tile"].dtype == "bfloat16"
+    assert "float32 staged as bfloat16" in bf16["k_tile"].note
+    rows = 64 + 2 * 2 * 64  # q, and two stages of k and v
+    assert (fp32.total, bf16.total) == (rows * 132 * 4, rows * 136 * 2)
+
+
+def test_a_sequence_of_modes_falls_through_to_the_first_that_gets_tensor_cores():
+    h200 = named_device("h200")
+    problem = AttentionProblem("float32", 128, 128, True, precision=("fp32", "bf16"))
+    assert plan_forward(problem, h200).precision == "fp32"
+    # 3xTF32 tiles at head dim 128 need more than 40 KiB; bfloat16-staged ones fit.
+    small = plan_forward(problem, h200.with_smem_limit(40960))
+    assert small.precision == "bf16" and small.rejected
+    assert "MmaTf32<3>" in small.rejected[0].name_expression
+    tiny = plan_forward(problem, h200.with_smem_limit(16384))  # neither: CUDA cores
+    assert not isinstance(tiny.config, MmaConfig) and tiny.precision == "fp32"
+    # At head dim 256 every 3xTF32 forward tile would spill: the next allowed mode runs.
+    wide = plan_forward(AttentionProblem("float32", 256, 256, True, precision=("fp32", "bf16")), h200)
+    assert wide.precision == "bf16" and any("MmaTf32<3>" in name for name, _ in wide.register_skipped)
+    # No tensor cores: the first mode's FFMA fallback, float32 arithmetic.
+    v100 = plan_forward(problem, named_device("v100"))
+    assert not isinstance(v100.config, MmaConfig) and v100.precision == "fp32"
+    assert "float32 arithmetic (FFMA) on CUDA cores" in v100.describe()

@@ -1,0 +1,91 @@
+"""float32 inputs in each precision mode (issue 6) on the GPU, forward and backward.
+
+Each mode is checked against its own same-precision reference with the rule of the
+other GPU tests (fp32: the float32 NumPy reference, i.e. error <= 2x a float32
+reference's + floor; tf32 / bf16 / fp16: operands rounded to that type, float32
+out), on shapes where the planner must pick the tensor-core kernel in that mode
+(asserted, so a silent fall-back to the FFMA kernels cannot pass for it) and on
+hypothesis' odd shapes (where ineligible shapes fall back, also correct). The
+documented accuracy figures (docs/precision.md) are pinned at their own problem.
+"""
+
+import numpy as np
+import pytest
+from _gpu_cases import SETTINGS, problems
+from hypothesis import given
+from hypothesis import strategies as st
+from test_backward_gpu import run_backward_and_check
+from test_forward_gpu import run_and_check
+
+import cupyattn
+from cupyattn import testing
+from cupyattn.device import current_device
+from cupyattn.plan import PRECISIONS, AttentionProblem, MmaConfig, plan_backward, plan_forward
+from cupyattn.reference import attention_reference
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@SETTINGS
+@given(p=problems(), causal=st.sampled_from([False, True, "top_left"]))
+def test_forward_in_each_precision_matches_its_reference(precision, p, causal):
+    run_and_check(dtype="float32", causal=causal, precision=precision, **p)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@SETTINGS
+@given(p=problems(), causal=st.sampled_from([False, True, "top_left"]))
+def test_backward_in_each_precision_matches_its_reference(precision, p, causal):
+    run_backward_and_check(dtype="float32", causal=causal, precision=precision, **p)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("D", [40, 64, 128, 256])
+@pytest.mark.parametrize("B,Sq,Sk", [(1, 1, 1), (2, 63, 130), (1, 129, 65)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tensor_core_kernels_in_each_precision(precision, D, B, Sq, Sk, causal):
+    spec = current_device()
+    problem = AttentionProblem("float32", D, D, causal, B, 4, 2, Sq, Sk, precision=(precision,))
+    bwd = plan_backward(problem, spec)
+    for plan in (plan_forward(problem, spec), bwd.dkdv, bwd.dq):
+        if isinstance(plan.config, MmaConfig):
+            assert plan.precision == precision, plan.config.name_expression
+        else:  # only where every tensor-core tile would spill (3xTF32 forward at 256): FFMA, said so
+            assert precision == "fp32" and plan.register_skipped, plan.config.name_expression
+    shape = dict(B=B, Sq=Sq, Sk=Sk, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
+                 precision=precision, seed=D + Sq)
+    run_and_check(**shape)
+    run_backward_and_check(**shape)
+
+
+def test_a_sequence_of_modes_takes_the_first_on_tensor_cores():
+    rng = np.random.default_rng(5)
+    q, k, v = (testing.to_device(testing.host_values((1, 70, 2, 64), "float32", rng), "float32")
+               for _ in range(3))
+    both = cupyattn.attention(q, k, v, precision=("tf32", "bf16"))
+    tf32 = cupyattn.attention(q, k, v, precision="tf32")
+    assert bool((both == tf32).all())
+
+
+# docs/precision.md's figures at this problem (H200, forward, B=1, H=16, S=1024, D=128,
+# not causal, standard-normal inputs; max abs error over 64 sampled rows of every head),
+# pinned at twice the documented value. "fp32" is also held to a multiple of the float32
+# NumPy reference's own error (documented: 2.0-4.4x over the benchmark's shapes).
+DOCUMENTED_ERROR = {"fp32": 1.6e-6, "tf32": 1.7e-4, "bf16": 1.2e-3, "fp16": 1.7e-4}
+FP32_OVER_NUMPY = 6.0
+
+
+def test_documented_accuracy_of_each_mode():
+    rng = np.random.default_rng(2026)
+    B, S, H, D = 1, 1024, 16, 128
+    hq, hk, hv = (testing.host_values((B, S, H, D), "float32", rng) for _ in range(3))
+    q, k, v = (testing.to_device(x, "float32") for x in (hq, hk, hv))
+    rows = np.sort(rng.choice(S, 64, replace=False))
+    ref, _ = attention_reference(hq, hk, hv, rows=rows)
+    numpy_f32 = float(np.abs(attention_reference(hq, hk, hv, rows=rows, precision="float32")[0] - ref).max())
+    for mode, documented in DOCUMENTED_ERROR.items():
+        err = float(np.abs(testing.to_host(cupyattn.attention(q, k, v, precision=mode))[:, rows] - ref).max())
+        assert err <= 2 * documented, (mode, err, documented)
+        if mode == "fp32":
+            assert err <= FP32_OVER_NUMPY * numpy_f32, (err, numpy_f32)
