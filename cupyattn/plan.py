@@ -191,6 +191,12 @@ class MmaConfig:
         return self.num_warps * 32
 
     @property
+    def float32_mode(self) -> str | None:
+        """The precision mode of float32 inputs; None for float16 / bfloat16 inputs
+        (whose mode is their own), so per-mode rules below cannot catch them."""
+        return self.precision if self.dtype == "float32" else None
+
+    @property
     def staged_dtype(self) -> str:
         """The dtype of the operand tiles in shared memory."""
         return STAGED_DTYPES[self.precision]
@@ -246,7 +252,7 @@ class MmaConfig:
             budget = self.BUDGET_SM100
         else:
             budget = self.BUDGET_SM90 if compute_capability >= (9, 0) else self.BUDGET_SM80
-        cap = self.PRECISION_BUDGETS.get(self.precision if self.dtype == "float32" else None)
+        cap = self.PRECISION_BUDGETS.get(self.float32_mode)
         return budget if cap is None else min(budget, cap)
 
     # TF32 modes whose every tile spilled on sm_100 / sm_120 (spill_map.py, head dims 32-256:
@@ -255,8 +261,7 @@ class MmaConfig:
 
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
         """Why this tile would spill registers on that architecture, or None if it fits."""
-        if (self.TF32_SPILLS_SM100 and compute_capability >= (10, 0) and self.dtype == "float32"
-                and self.precision in ("fp32", "tf32")):
+        if self.TF32_SPILLS_SM100 and compute_capability >= (10, 0) and self.float32_mode in ("fp32", "tf32"):
             major, minor = compute_capability
             return f"the TF32 ({self.precision}) kernel spills at every tile on sm_{major}{minor}"
         budget = self.register_budget(compute_capability)
@@ -309,12 +314,12 @@ class FwdMmaConfig(MmaConfig):
         # sm_100 / sm_120, (128, 32, 4) at 128 needs 255 registers and spills 8 bytes
         # (sm_120): two m-tiles stop at head dim 96 there.
         major, minor = compute_capability
-        fp32 = self.dtype == "float32" and self.precision == "fp32"
+        fp32 = self.float32_mode == "fp32"
         if compute_capability >= (10, 0) and (self.head_dim_pad > 96 or fp32):
             return (f"two 16-row m-tiles per warp spill {'in 3xTF32' if fp32 else 'above head dim 96'} "
                     f"on sm_{major}{minor}")
         weighted = self.m_tiles * (self.head_dim_pad + 2 * self.block_n) // 2
-        limit = 128 if self.dtype == "float32" and self.precision == "fp32" else 192  # 3xTF32: (64, 128, 64, 4) spills
+        limit = 128 if fp32 else 192  # 3xTF32: (64, 128, 64, 4) spills above 128
         if weighted > limit:
             return (f"two 16-row m-tiles per warp: {weighted} accumulators per lane counting the "
                     f"scores twice, over the spill-free budget of {limit}")
@@ -733,9 +738,10 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
     """The forward configuration for ``problem`` on ``device``.
 
     Candidates: the tensor-core kernel's tiles on sm_80+ (head_dim == head_dim_v, a
-    multiple of 8, 16-byte aligned rows) in the first allowed precision mode that
-    fits, then the SIMT kernel's (float32 FFMA). Among those whose shared memory fits the device's opt-in limit
-    (the kernels use no static shared memory), take the first in preference order that
+    multiple of 8, 16-byte aligned rows) in the first allowed precision mode that has
+    one fitting, else the SIMT kernel's (float32 FFMA; ``_plan_pass``). Among those
+    whose shared memory fits the device's opt-in limit (the kernels use no static
+    shared memory), take the first in preference order that
     also gives at least one full wave of blocks; if none fills the GPU (small
     batch x heads x seqlen_q), take the fitting one with the most blocks. Query
     tiles never exceed the query length rounded up to a power of two (at least 8),

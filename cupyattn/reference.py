@@ -169,6 +169,29 @@ def logit_bound(q, k, scale=None) -> float:
     return float(abs(scale) * np.linalg.norm(q, axis=-1).max() * np.linalg.norm(k, axis=-1).max())
 
 
+def _probabilities(q, k, v, causal, scale, work):
+    """(qh, kh, vh, P) of (B, S, H, D) arrays in ``work`` precision: q, k, v as (B, H, S, D)
+    with the key/value heads repeated over each GQA group, and softmax(scale Q K^T) with
+    the causal mask (rows that see no key: P = 0)."""
+    Sq, Hq = q.shape[1], q.shape[2]
+    Sk, Hkv = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    qh = q.transpose(0, 2, 1, 3)
+    kh = np.repeat(k.transpose(0, 2, 1, 3), group, axis=1)
+    vh = np.repeat(v.transpose(0, 2, 1, 3), group, axis=1)
+    s = (qh @ np.swapaxes(kh, -1, -2)).astype(work) * scale
+    offset = causal_offset(causal, Sq, Sk)
+    visible = np.ones((Sq, Sk), bool)
+    if offset is not None:
+        visible = np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + offset
+    s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0))
+    l = p.sum(axis=-1, keepdims=True)
+    p = np.where(l > 0, p / np.where(l > 0, l, 1), 0).astype(work)
+    return qh, kh, vh, p
+
+
 def attention_backward_reference(dout, q, k, v, causal=False, scale=None, layout="bshd",
                                  precision=None, out_precision=None):
     """(dq, dk, dv) of ``attention_reference`` for host arrays, shaped like q, k, v.
@@ -193,19 +216,8 @@ def attention_backward_reference(dout, q, k, v, causal=False, scale=None, layout
     if scale is None:
         scale = 1.0 / np.sqrt(D)
     scale = work(scale)
-    qh, doh = q.transpose(0, 2, 1, 3), dout.transpose(0, 2, 1, 3)
-    kh = np.repeat(k.transpose(0, 2, 1, 3), group, axis=1)
-    vh = np.repeat(v.transpose(0, 2, 1, 3), group, axis=1)
-    s = (qh @ np.swapaxes(kh, -1, -2)).astype(work) * scale
-    offset = causal_offset(causal, Sq, Sk)
-    visible = np.ones((Sq, Sk), bool)
-    if offset is not None:
-        visible = np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + offset
-    s = np.where(visible, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    p = np.exp(s - np.where(np.isfinite(m), m, 0))
-    l = p.sum(axis=-1, keepdims=True)
-    p = np.where(l > 0, p / np.where(l > 0, l, 1), 0).astype(work)
+    qh, kh, vh, p = _probabilities(q, k, v, causal, scale, work)
+    doh = dout.transpose(0, 2, 1, 3)
     out = (p @ vh).astype(work)
     if precision is not None:
         out = round_to(out, out_precision or precision)
@@ -247,17 +259,8 @@ def delta_cancellation_error(dout, q, k, v, causal=False, scale=None, layout="bs
     group = Hq // Hkv
     if scale is None:
         scale = 1.0 / np.sqrt(D)
-    qh, doh = q.transpose(0, 2, 1, 3), dout.transpose(0, 2, 1, 3)
-    kh = np.repeat(k.transpose(0, 2, 1, 3), group, axis=1)
-    vh = np.repeat(v.transpose(0, 2, 1, 3), group, axis=1)
-    out, lse = attention_reference(q, k, v, causal=causal, scale=scale)
-    s = (qh @ np.swapaxes(kh, -1, -2)) * scale
-    offset = causal_offset(causal, Sq, Sk)
-    if offset is not None:
-        s = np.where(np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + offset, s, -np.inf)
-    with np.errstate(invalid="ignore"):
-        p = np.where(np.isfinite(lse[..., None]), np.exp(s - lse[..., None]), 0.0)
-    oh = out.transpose(0, 2, 1, 3)
+    qh, kh, vh, p = _probabilities(q, k, v, causal, scale, np.float64)
+    doh, oh = dout.transpose(0, 2, 1, 3), p @ vh
     terms = np.abs(doh) @ np.swapaxes(np.abs(vh), -1, -2) + (np.abs(doh) * np.abs(oh)).sum(-1, keepdims=True)
     ds_err = (unit or unit_roundoff("float32")) * p * terms
     dq_err = abs(scale) * (ds_err @ np.abs(kh))
