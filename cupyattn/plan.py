@@ -241,10 +241,11 @@ class MmaConfig:
     BUDGET_SM100: ClassVar[int] = 160  # sm_100 and newer
 
     # Caps for the float32 modes that need more registers per accumulator: 3xTF32 keeps
-    # each fragment as two TF32 parts and sums each tile apart (acc_times_kmajor);
+    # each fragment as two TF32 parts and adds each k-step's products apart (mma.cuh);
     # staged float32 -> half loads go through registers. From
     # `spill_map.py --modes float32:fp32,float32:bf16` on sm_80 and sm_90 (the
     # fewest accumulators that spilled, minus one step); tf32 spills where float16 does.
+    # A cap is one number, or {lowest compute capability: cap} where ptxas differs.
     PRECISION_BUDGETS: ClassVar[dict] = {}
 
     def register_budget(self, compute_capability: tuple[int, int]) -> int:
@@ -253,6 +254,8 @@ class MmaConfig:
         else:
             budget = self.BUDGET_SM90 if compute_capability >= (9, 0) else self.BUDGET_SM80
         cap = self.PRECISION_BUDGETS.get(self.float32_mode)
+        if isinstance(cap, dict):
+            cap = max(((cc, c) for cc, c in cap.items() if cc <= compute_capability), default=(None, None))[1]
         return budget if cap is None else min(budget, cap)
 
     # TF32 modes whose every tile spilled on sm_100 / sm_120 (spill_map.py, head dims 32-256:
@@ -265,11 +268,17 @@ class MmaConfig:
             major, minor = compute_capability
             return f"the TF32 ({self.precision}) kernel spills at every tile on sm_{major}{minor}"
         budget = self.register_budget(compute_capability)
-        if self.accumulators_per_lane <= budget:
+        load, what = self.register_load
+        if load <= budget:
             return None
         major, minor = compute_capability
-        return (f"{self.accumulators_per_lane} float32 accumulators per lane, over the spill-free "
-                f"budget of {budget} on sm_{major}{minor}")
+        return f"{load} {what}, over the spill-free budget of {budget} on sm_{major}{minor}"
+
+    @property
+    def register_load(self) -> tuple[int, str]:
+        """(count, what it counts) that the register budget bounds: the accumulators per
+        lane, unless a precision mode weighs some of them more."""
+        return self.accumulators_per_lane, "float32 accumulators per lane"
 
     def fits_registers(self, compute_capability: tuple[int, int]) -> bool:
         return self.register_reason(compute_capability) is None
@@ -298,8 +307,9 @@ class FwdMmaConfig(MmaConfig):
         b = self._tile(b, "k_tile", self.block_n, self.STAGES)
         return self._tile(b, "v_tile", self.block_n, self.STAGES).build()
 
-    # 3xTF32: (64, 64, 4) at head dim 128 (96) is clean, every tile at 256 (>= 136) spills.
-    PRECISION_BUDGETS: ClassVar[dict] = {"fp32": 96}
+    # 3xTF32: (128, 64, 8) at head dim 128 (96) is clean; at 192, (16, 16, 1) (104)
+    # spills on sm_80 and sm_100 but not on sm_90, (64, 32, 4) (112) everywhere.
+    PRECISION_BUDGETS: ClassVar[dict] = {"fp32": {(8, 0): 96, (9, 0): 104, (10, 0): 96}}
 
     @property
     def accumulators_per_lane(self) -> int:  # O (head_dim) and S (block_n) per 16-row m-tile
@@ -356,13 +366,24 @@ class BwdDkdvMmaConfig(MmaConfig):
 
     BUDGET_SM90: ClassVar[int] = 192  # (64, 64, 4) at head dim 128: 255 registers, no spill
     BUDGET_SM100: ClassVar[int] = 80
-    # 3xTF32 spills from 160 ((32, 64, 4) at 128); staged halves spill 12 bytes at 192 on sm_90.
+    # Staged halves spill 12 bytes at 192 on sm_90. 3xTF32 counts S^T and dP^T twice
+    # (register_load): on sm_90 (64, 64, 4) at head dim 64 (128 accumulators) spills
+    # while (16, 32, 4) at 192 (112) does not; weighted, the clean tiles are <= 128
+    # and the spilling ones >= 160, (16, 16, 2) at 256 by 8 bytes
+    # (scripts/spill_map.py --modes float32:fp32).
     PRECISION_BUDGETS: ClassVar[dict] = {"fp32": 144, "bf16": 160, "fp16": 160}
     TF32_SPILLS_SM100: ClassVar[bool] = True
 
     @property
     def accumulators_per_lane(self) -> int:  # dK, dV (head_dim / d_split each), S^T and dP^T (block_m each)
         return self.head_dim_pad // self.d_split + self.block_m
+
+    @property
+    def register_load(self) -> tuple[int, str]:
+        if self.float32_mode != "fp32":
+            return super().register_load
+        return (self.head_dim_pad // self.d_split + 2 * self.block_m,
+                "float32 accumulators per lane counting S^T and dP^T twice (3xTF32)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,13 +407,23 @@ class BwdDqMmaConfig(MmaConfig):
         return self._tile(b, "v_tile", self.block_n, self.STAGES).build()
 
     BUDGET_SM100: ClassVar[int] = 112
-    # 3xTF32 spills from 160 ((128, 32, 8) at 256 on sm_90); (16, 16, 1) at 256 (144) is clean.
-    PRECISION_BUDGETS: ClassVar[dict] = {"fp32": 144}
+    # 3xTF32 counts S and dP one and a half times (register_load): on sm_90 (64, 64, 4)
+    # at head dim 128 and (16, 16, 1) at 256 (128 and 144 accumulators) spill while
+    # (64, 32, 4) at 192 (128) does not; weighted, clean <= 144, spilling >= 152. On
+    # sm_80 that (64, 32, 4) spills too (weighted 144; (16, 16, 1) there, 120, is clean).
+    PRECISION_BUDGETS: ClassVar[dict] = {"fp32": {(8, 0): 128, (9, 0): 144}}
     TF32_SPILLS_SM100: ClassVar[bool] = True
 
     @property
     def accumulators_per_lane(self) -> int:  # dQ (head_dim), S and dP (block_n each)
         return (self.head_dim_pad + 2 * self.block_n) // 2
+
+    @property
+    def register_load(self) -> tuple[int, str]:
+        if self.float32_mode != "fp32":
+            return super().register_load
+        return ((self.head_dim_pad + 3 * self.block_n) // 2,
+                "float32 accumulators per lane counting S and dP one and a half times (3xTF32)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,8 +61,8 @@ __device__ __forceinline__ unsigned lds32(unsigned addr) {
 // MmaHalf<S>: S = __half or __nv_bfloat16, mma.m16n8k16; B k-major by ldmatrix.trans.
 // MmaTf32<PASSES>: S = float, mma.m16n8k8.tf32. PASSES = 1 rounds each operand to
 //   TF32 (10 mantissa bits). PASSES = 3 splits each operand x into big = tf32(x)
-//   and small = tf32(x - big) and adds small*big + big*small + big*big (3xTF32):
-//   about 21 bits per operand, float32-level results. B k-major by plain 32-bit
+//   and small = x - big (Tf32Words) and adds small*big + big*small + big*big
+//   (3xTF32): about 21 bits per operand, float32-level results. B k-major by plain 32-bit
 //   loads: the accumulator tile of 8 keys holds keys 2t, 2t + 1 in lane t of a
 //   quad, where the m16n8k8 A layout wants keys t, t + 4, so the k order inside
 //   each 8-key step is permuted (k' = 2t + e) and B is read in the same order.
@@ -100,7 +100,6 @@ template <typename S>
 struct MmaHalf {
     using Smem = S;
     static constexpr int K_STEP = 16;
-    static constexpr bool ROUNDED_SUMS = false;  // see acc_times_kmajor
     struct A { unsigned r[4]; };  // 16 x 16
     struct B { unsigned r[4]; };  // 16 x 8 for two column blocks: r[0..1] block j, r[2..3] block j + 1
 
@@ -141,13 +140,27 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], unsigned a0, unsigned a1
 }
 
 // N float32 words as TF32: big parts, and with PASSES = 3 the small remainders too.
+//
+// One pass rounds with cvt.rna.tf32.f32, which ptxas expands to about four
+// instructions (a NaN test and a select among them). 3xTF32 splits with three:
+// big = x rounded to nearest (ties away) by an integer add of half the dropped
+// bits' range and a mask; small = x - big, exact, passed as it is: the tensor
+// cores use at least the top 19 bits of a TF32 operand (how many more is the
+// hardware's choice), so small may lose the low bits of its own mantissa, an
+// error under 2^-21 |x| whose sign is small's, as often positive as negative.
+// Where the add overflows (NaN payloads near all ones) big is garbage, but
+// small = x - big is then NaN and carries it into the product.
 template <int PASSES, int N>
 struct Tf32Words {
     unsigned big[N];
     unsigned small[PASSES == 3 ? N : 1];
     __device__ void set(int i, float x) {
-        big[i] = to_tf32(x);
-        if constexpr (PASSES == 3) small[i] = to_tf32(x - __uint_as_float(big[i]));
+        if constexpr (PASSES == 3) {
+            big[i] = (__float_as_uint(x) + 0x1000u) & 0xFFFFE000u;
+            small[i] = __float_as_uint(x - __uint_as_float(big[i]));
+        } else {
+            big[i] = to_tf32(x);
+        }
     }
     __device__ void set_bits(const unsigned (&w)[N]) {
 #pragma unroll
@@ -160,7 +173,6 @@ struct MmaTf32 {
     static_assert(PASSES == 1 || PASSES == 3, "one TF32 pass, or 3xTF32");
     using Smem = float;
     static constexpr int K_STEP = 8;
-    static constexpr bool ROUNDED_SUMS = PASSES == 3;  // see acc_times_kmajor
     using A = Tf32Words<PASSES, 4>;  // 16 x 8
     using B = Tf32Words<PASSES, 4>;  // 8 x 8 for two column blocks: [0..1] block j, [2..3] block j + 1
 
@@ -191,13 +203,28 @@ struct MmaTf32 {
         b.set(2, __uint_as_float(lds32(addr + 32)));  // column block j + 1: 8 words on
         b.set(3, __uint_as_float(lds32(addr + row_bytes + 32)));
     }
+    // c += a b for column block `half` of b. 3xTF32 sums the k-step's three products
+    // in a fresh accumulator (small terms first: they are the smallest) and adds that
+    // to c with a rounded float32 add: the tensor cores truncate their float32
+    // additions (round toward zero), and a chain of them through c (3 * D / 8 for
+    // S = Q K^T, thousands for dK, dV over a long sequence) biases every sum toward
+    // zero. Modelled in float64 (truncated chain vs this), the chain made the forward's
+    // error 3-8x a float32 NumPy reference's, this about 1x; measured in
+    // docs/precision.md.
     __device__ static void mma(float (&c)[4], const A& a, const B& b, int half) {
         const int j = 2 * half;
-        if constexpr (PASSES == 3) {  // small terms first: they are the smallest
-            mma_tf32(c, a.small[0], a.small[1], a.small[2], a.small[3], b.big[j], b.big[j + 1]);
-            mma_tf32(c, a.big[0], a.big[1], a.big[2], a.big[3], b.small[j], b.small[j + 1]);
+        if constexpr (PASSES == 3) {
+            float k_step[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) k_step[e] = c[e] * 0.0f;
+            mma_tf32(k_step, a.small[0], a.small[1], a.small[2], a.small[3], b.big[j], b.big[j + 1]);
+            mma_tf32(k_step, a.big[0], a.big[1], a.big[2], a.big[3], b.small[j], b.small[j + 1]);
+            mma_tf32(k_step, a.big[0], a.big[1], a.big[2], a.big[3], b.big[j], b.big[j + 1]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[e] += k_step[e];
+        } else {
+            mma_tf32(c, a.big[0], a.big[1], a.big[2], a.big[3], b.big[j], b.big[j + 1]);
         }
-        mma_tf32(c, a.big[0], a.big[1], a.big[2], a.big[3], b.big[j], b.big[j + 1]);
     }
 };
 
@@ -206,60 +233,24 @@ struct MmaTf32 {
 // x OUT_BLOCKS * 8 columns, row-major in shared memory) read k-major at b_addr (the
 // lane's kmajor_lane_offset), row stride ROW bytes. The products O = P V, dV = P^T dO,
 // dK = dS^T Q and dQ = dS K, summed over every key or query of a long sequence.
-//
-// With Op::ROUNDED_SUMS (3xTF32) each pair of output blocks sums one tile's k-steps
-// in a fresh accumulator and adds it to acc with a rounded float32 add: the tensor
-// cores truncate their float32 additions (round toward zero), which over thousands
-// of chained k-steps (dK, dV over every query of a GQA group at S = 4096) left a
-// ~1e-4 relative bias, float32 accuracy lost. A is rebuilt for each output pair.
 template <typename Op, int MT, int K_BLOCKS, int OUT_BLOCKS, int ROW>
 __device__ __forceinline__ void acc_times_kmajor(float (&acc)[MT][OUT_BLOCKS][4],
                                                  const float (&x)[MT][K_BLOCKS][4], unsigned b_addr) {
     constexpr int E = (int)sizeof(typename Op::Smem);
     constexpr int KB = Op::K_STEP / 8;  // accumulator blocks per k-step
-    if constexpr (Op::ROUNDED_SUMS) {
+#pragma unroll
+    for (int kb = 0; kb < K_BLOCKS; kb += KB) {
+        typename Op::A a[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) Op::a_from_acc(a[mt], x[mt], kb);
 #pragma unroll
         for (int j = 0; j < OUT_BLOCKS; j += 2) {
-            float part[MT][2][4];
+            typename Op::B b;  // output columns j and j + 1; each fragment feeds all MT row tiles
+            Op::load_b_kmajor(b, b_addr + kb * 8 * ROW + j * 8 * E, ROW);
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int e = 0; e < 8; ++e) part[mt][e / 4][e % 4] = 0.0f;
-#pragma unroll
-            for (int kb = 0; kb < K_BLOCKS; kb += KB) {
-                typename Op::B b;  // output columns j and j + 1
-                Op::load_b_kmajor(b, b_addr + kb * 8 * ROW + j * 8 * E, ROW);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    typename Op::A a;
-                    Op::a_from_acc(a, x[mt], kb);
-                    Op::mma(part[mt][0], a, b, 0);
-                    Op::mma(part[mt][1], a, b, 1);
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    acc[mt][j][e] += part[mt][0][e];
-                    acc[mt][j + 1][e] += part[mt][1][e];
-                }
-        }
-    } else {
-#pragma unroll
-        for (int kb = 0; kb < K_BLOCKS; kb += KB) {
-            typename Op::A a[MT];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) Op::a_from_acc(a[mt], x[mt], kb);
-#pragma unroll
-            for (int j = 0; j < OUT_BLOCKS; j += 2) {
-                typename Op::B b;  // output columns j and j + 1; each fragment feeds all MT row tiles
-                Op::load_b_kmajor(b, b_addr + kb * 8 * ROW + j * 8 * E, ROW);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    Op::mma(acc[mt][j], a[mt], b, 0);
-                    Op::mma(acc[mt][j + 1], a[mt], b, 1);
-                }
+            for (int mt = 0; mt < MT; ++mt) {
+                Op::mma(acc[mt][j], a[mt], b, 0);
+                Op::mma(acc[mt][j + 1], a[mt], b, 1);
             }
         }
     }

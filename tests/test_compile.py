@@ -115,7 +115,7 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
     else:
         bplan = plan_backward(problem, spec)
         cfg = (bplan.dkdv if kernel == "dkdv" else bplan.dq).config
-    if (precision, d, kernel) == ("fp32", 256, "forward"):  # every 3xTF32 tile would spill: FFMA
+    if (precision, d) == ("fp32", 256):  # every 3xTF32 tile at 256 would spill registers: FFMA
         assert not isinstance(cfg, MmaConfig)
         return
     assert isinstance(cfg, MmaConfig) and cfg.precision == (precision or cfg.precision)
