@@ -668,6 +668,25 @@ BWD_DQ_MMA_TILES = (
 )
 
 
+# The TF32 mode (one pass, 32-bit operands) measured apart on the H200 (whole-call ms,
+# B=4, H=16, S=4096, not causal; `tune_tiles.py --dtype float32 --precision tf32`):
+# forward D=128 (128,64,8) 5.29 < (128,32,8) 5.88 < (128,32,4) 6.12; dQ D=64
+# (128,32,8) 10.22 < (64,32,4) 10.69 < (64,64,4) 10.87, D=128 (128,32,8) 22.46 <
+# (64,32,4) 26.40 < (64,64,4) 26.50; the other orders held (forward D=64: (128,64,4)
+# first; dK/dV: (64,64,4) at 128, within 1% of the best at 64). (moved, goes before):
+TF32_TILE_MOVES = {"FwdMmaConfig": ((128, 64, 8), (128, 32, 4)), "BwdDqMmaConfig": ((128, 32, 8), (64, 64, 4))}
+
+
+def _tile_order(cls, tiles, precision: str) -> tuple:
+    """``tiles`` in the preference order of ``precision`` (TF32_TILE_MOVES)."""
+    moved, before = TF32_TILE_MOVES.get(cls.__name__, (None, None)) if precision == "tf32" else (None, None)
+    if moved not in tiles or before not in tiles:
+        return tuple(tiles)
+    rest = [t for t in tiles if t != moved]
+    i = rest.index(before)
+    return tuple(rest[:i] + [moved] + rest[i:])
+
+
 def mma_eligible(problem: AttentionProblem, device: DeviceSpec) -> bool:
     """Whether the tensor-core kernels can run this problem on this device: sm_80+,
     head_dim == head_dim_v, a multiple of 8, 16-byte aligned rows (every precision
@@ -686,7 +705,7 @@ def _mma_candidates(cls, tiles, problem: AttentionProblem, device: DeviceSpec, m
     if not mma_eligible(problem, device):
         return configs, skipped
     d_pad = (problem.head_dim + 15) // 16 * 16
-    for block_m, block_n, warps in tiles:
+    for block_m, block_n, warps in _tile_order(cls, tiles, precision):
         if block_m > max(16, max_block_m) or block_n > max(16, max_block_n):
             continue
         cfg = cls(problem.dtype, precision, d_pad, block_m, block_n, warps, bool(problem.causal))
