@@ -44,6 +44,24 @@ def test_forward_and_grad_match_the_references(dtype, causal):
         assert cmp.ok, f"{name}: {cmp}"
 
 
+@pytest.mark.parametrize("precision", ["tf32", ["bf16", "fp32"]])
+def test_precision_reaches_the_forward_and_the_backward(precision):
+    import cupy
+
+    import cupyattn
+
+    rng = np.random.default_rng(8)
+    hq, hk, hv, hdo = (testing.host_values((1, 70, 2, 64), "float32", rng) for _ in range(4))
+    q, k, v, dout = (jnp.asarray(x) for x in (hq, hk, hv, hdo))
+    out, vjp = jax.vjp(lambda a, b, c: ca_jax.attention(a, b, c, True, precision=precision), q, k, v)
+    cq, ck, cv, cdo = (cupy.asarray(x) for x in (hq, hk, hv, hdo))
+    want, lse = cupyattn.attention(cq, ck, cv, causal=True, precision=precision, return_lse=True)
+    want_grads = cupyattn.attention_backward(cdo, cq, ck, cv, want, lse, causal=True, precision=precision)
+    for name, g, w in zip(("out", "dq", "dk", "dv"), (out, *vjp(dout)), (want, *want_grads)):
+        assert np.array_equal(np.asarray(g), w.get()), name
+    assert not np.array_equal(np.asarray(out), np.asarray(ca_jax.attention(q, k, v, True))), "default mode"
+
+
 def test_under_jit_it_says_why_it_cannot_run():
     q = jnp.ones((1, 8, 1, 16), dtype="float16")
     with pytest.raises(TypeError, match="runs eagerly"):

@@ -147,3 +147,21 @@ def test_a_transformer_block_trains_like_sdpa_for_20_steps(dtype, rtol):
         losses[use] = np.array(curve)
     assert losses[True][-1] < losses[True][0]  # it learns
     np.testing.assert_allclose(losses[True], losses[False], rtol=rtol)
+
+
+@pytest.mark.parametrize("precision", ["tf32", ("bf16", "fp32")])
+def test_precision_reaches_the_forward_and_the_backward(precision):
+    import cupy
+
+    import cupyattn
+
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    q, k, v, dout = (torch.randn(1, 2, 70, 64, device="cuda", generator=gen) for _ in range(4))
+    got = _grads(lambda a, b, c: ca_torch.attention(a, b, c, causal=True, precision=precision), (q, k, v), dout)
+    cq, ck, cv, cdo = (cupy.from_dlpack(x) for x in (q, k, v, dout))
+    out, lse = cupyattn.attention(cq, ck, cv, causal=True, layout="bhsd", precision=precision, return_lse=True)
+    want = [out, *cupyattn.attention_backward(cdo, cq, ck, cv, out, lse, causal=True, layout="bhsd",
+                                              precision=precision)]
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        assert torch.equal(g, torch.from_dlpack(w)), name
+    assert not torch.equal(got[0], ca_torch.attention(q, k, v, causal=True)), "the default mode's result"
