@@ -1,0 +1,95 @@
+"""Why 3xTF32 adds each k-step apart: a float64 model of the "fp32" forward's sums.
+
+Emulates, on the CPU, the forward as the tensor-core kernel computes it: operands
+split into TF32 parts (big = x rounded to TF32, small = x - big truncated to TF32
+as the tensor cores read it), each m16n8k8 k-step's three products exact, and the
+float32 additions around them either
+
+  chain      - through one accumulator with round-toward-zero adds, as mma.sync
+               chains its C operand (the tensor cores truncate float32 sums), or
+  per k-step - the three products of a k-step in a fresh accumulator, added to the
+               running sum with a rounded float32 add (what kernels/mma.cuh does);
+
+softmax in float32. Prints each variant's max error against the float64 reference
+as a multiple of a float32 NumPy reference's error (issue 6 asks for at most 2).
+
+    PYTHONPATH=. python scripts/tf32_error_model.py [--dims 64,128] [--seqlen 1024]
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cupyattn import testing  # noqa: E402
+from cupyattn.reference import attention_reference, round_to  # noqa: E402
+
+F32 = np.float32
+
+
+def round_toward_zero(x64: np.ndarray) -> np.ndarray:
+    r = x64.astype(F32)
+    over = np.abs(r.astype(np.float64)) > np.abs(x64)
+    r[over] = np.nextafter(r[over], F32(0))
+    return r
+
+
+def split(x: np.ndarray):
+    x = np.asarray(x, F32)
+    big = round_to(x, "tf32")
+    small = ((x - big).view(np.uint32) & np.uint32(0xFFFFE000)).view(F32)
+    return big.astype(np.float64), small.astype(np.float64)
+
+
+def product(a, b, per_k_step: bool):
+    """a (..., m, K) times b (..., K, n), 3xTF32 in k-steps of 8, float32 sums."""
+    (ab, as_), (bb, bs) = split(a), split(b)
+    c = np.zeros(a.shape[:-1] + b.shape[-1:], F32)
+    for k0 in range(0, a.shape[-1], 8):
+        k = slice(k0, k0 + 8)
+        terms = (as_[..., k] @ bb[..., k, :], ab[..., k] @ bs[..., k, :], ab[..., k] @ bb[..., k, :])
+        if per_k_step:
+            step = np.zeros_like(c)
+            for t in terms:
+                step = round_toward_zero(step.astype(np.float64) + t)
+            c = (c + step).astype(F32)
+        else:
+            for t in terms:
+                c = round_toward_zero(c.astype(np.float64) + t)
+    return c
+
+
+def forward(q, k, v, rows, per_k_step: bool, block_n: int = 64):
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    q = q[:, :, rows]
+    scale_log2 = F32(np.log2(np.e) / np.sqrt(q.shape[-1]))
+    x = (product(q, np.swapaxes(k, -1, -2), per_k_step) * scale_log2).astype(F32)
+    p = np.exp2((x - x.max(-1, keepdims=True)).astype(F32)).astype(F32)
+    o = np.zeros(p.shape[:-1] + v.shape[-1:], F32)
+    for n0 in range(0, p.shape[-1], block_n):  # O += P V tile by tile
+        o = (o + product(p[..., n0:n0 + block_n], v[..., n0:n0 + block_n, :], per_k_step)).astype(F32)
+    return (o / p.sum(-1, dtype=F32, keepdims=True)).transpose(0, 2, 1, 3)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dims", default="64,128")
+    parser.add_argument("--seqlen", type=int, default=1024)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    S = args.seqlen
+    print("| D | S | numpy f32 error | chain | per k-step |\n|---|---|---|---|---|")
+    for D in (int(d) for d in args.dims.split(",")):
+        q, k, v = (testing.host_values((1, S, 4, D), "float32", rng) for _ in range(3))
+        rows = np.sort(rng.choice(S, 32, replace=False))
+        ref = attention_reference(q, k, v, rows=rows)[0]
+        numpy_f32 = np.abs(attention_reference(q, k, v, rows=rows, precision="float32")[0] - ref).max()
+        ratios = [np.abs(forward(q, k, v, rows, per) - ref).max() / numpy_f32 for per in (False, True)]
+        print(f"| {D} | {S} | {numpy_f32:.2e} | {ratios[0]:.2f}x | {ratios[1]:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
