@@ -55,7 +55,7 @@ def main():
         r = compile_only(cfg, arch)
         cc = (int(arch[3:-1]), int(arch[-1]))
         return dict(name=cfg.name_expression, family=f"{cfg.KERNEL.split('::')[1]} {cfg.precision}", arch=arch,
-                    accumulators=cfg.accumulators_per_lane, admitted=cfg.fits_registers(cc),
+                    accumulators=cfg.register_load[0], admitted=cfg.fits_registers(cc),
                     registers=r.registers, spills=r.spills)
 
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -65,6 +65,8 @@ def main():
     groups = collections.defaultdict(list)
     for r in rows:
         groups[(r["family"], r["arch"])].append(r)
+    # "accumulators": what the register budget bounds (MmaConfig.register_load: accumulators
+    # per lane, some counted more than once in 3xTF32).
     print("| kernel | arch | fewest accumulators that spilled | most that did not | admitted tiles that spill |")
     print("|---|---|---|---|---|")
     for (family, arch), rs in sorted(groups.items()):

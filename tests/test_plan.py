@@ -5,7 +5,7 @@ import pytest
 from cupyattn.device import NAMED_DEVICES, named_device, smem_limit_from_env
 from cupyattn.layout import align
 from cupyattn.plan import (MAX_ACCUMULATORS_PER_LANE, AttentionProblem,
-                           FwdSimtConfig, MmaConfig, PlanError, blocks_per_sm, plan_forward)
+                           FwdSimtConfig, MmaConfig, PlanError, blocks_per_sm, plan_backward, plan_forward)
 
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -300,3 +300,33 @@ def test_a_sequence_of_modes_falls_through_to_the_first_that_gets_tensor_cores()
     v100 = plan_forward(problem, named_device("v100"))
     assert not isinstance(v100.config, MmaConfig) and v100.precision == "fp32"
     assert "float32 arithmetic (FFMA) on CUDA cores" in v100.describe()
+
+
+def _tile(plan):
+    cfg = plan.config
+    return (cfg.block_m, cfg.block_n, cfg.num_warps) if isinstance(cfg, MmaConfig) else None
+
+
+def test_tf32_takes_its_own_measured_tile_order_and_other_modes_keep_theirs():
+    spec = named_device("h100")
+
+    def problem(precision, d):
+        return AttentionProblem("float32", d, d, False, 4, 16, 16, 4096, 4096, precision=(precision,))
+
+    assert _tile(plan_forward(problem("tf32", 128), spec)) == (128, 64, 8)  # before (128, 32, 4)
+    assert _tile(plan_forward(problem("tf32", 64), spec)) == (128, 64, 4)  # still first
+    assert _tile(plan_backward(problem("tf32", 128), spec).dq) == (128, 32, 8)
+    assert _tile(plan_forward(problem("fp32", 64), spec)) == (128, 32, 4)  # 3xTF32 measured apart
+    f16 = AttentionProblem("float16", 128, 128, False, 4, 16, 16, 4096, 4096)
+    assert _tile(plan_backward(f16, spec).dq) == (64, 64, 4)
+
+
+@pytest.mark.parametrize("device,on_tensor_cores", [("a100", False), ("h100", True), ("b200", False)])
+def test_3xtf32_register_caps_follow_the_architecture(device, on_tensor_cores):
+    """At head dim 192 the 3xTF32 forward's (16, 16, 1) compiles clean on sm_90 only
+    (ptxas spills it on sm_80 and sm_100): tensor cores there, FFMA elsewhere, said so."""
+    problem = AttentionProblem("float32", 192, 192, True, 1, 8, 8, 1024, 1024, precision=("fp32",))
+    plan = plan_forward(problem, named_device(device))
+    assert (_tile(plan) == (16, 16, 1)) == on_tensor_cores
+    if not on_tensor_cores:
+        assert any("over the spill-free budget of 96" in why for _, why in plan.register_skipped)
