@@ -208,9 +208,12 @@ struct MmaTf32 {
     // to c with a rounded float32 add: the tensor cores truncate their float32
     // additions (round toward zero), and a chain of them through c (3 * D / 8 for
     // S = Q K^T, thousands for dK, dV over a long sequence) biases every sum toward
-    // zero. Modelled in float64 (truncated chain vs this), the chain made the forward's
-    // error 3-8x a float32 NumPy reference's, this about 1x; measured in
-    // docs/precision.md.
+    // zero: 3.4-4.7x a float32 NumPy reference's error, this 0.4-0.6x, in the float64
+    // model of scripts/tf32_error_model.py; measured in docs/precision.md.
+    // The fresh accumulator is c * 0 rather than 0 so that each k-step waits for the
+    // previous one's add: with independent k-steps ptxas hoists every k-step's loads
+    // and splits ahead and spills (e.g. 104 bytes at head dim 128). An inf in c
+    // turns NaN here (inf * 0) where the chain kept it inf: not finite either way.
     __device__ static void mma(float (&c)[4], const A& a, const B& b, int half) {
         const int j = 2 * half;
         if constexpr (PASSES == 3) {
