@@ -243,8 +243,9 @@ class MmaConfig:
     # Caps for the float32 modes that need more registers per accumulator: 3xTF32 keeps
     # each fragment as two TF32 parts and adds each k-step's products apart (mma.cuh);
     # staged float32 -> half loads go through registers. From
-    # `spill_map.py --modes float32:fp32,float32:bf16` on sm_80 and sm_90 (the
-    # fewest accumulators that spilled, minus one step); tf32 spills where float16 does.
+    # `spill_map.py --modes float32:fp32,float32:bf16` on sm_80 and sm_90, and sm_100 /
+    # sm_120 for the 3xTF32 forward (the fewest accumulators that spilled, minus one
+    # step); tf32 spills where float16 does.
     # A cap is one number, or {lowest compute capability: cap} where ptxas differs.
     PRECISION_BUDGETS: ClassVar[dict] = {}
 
