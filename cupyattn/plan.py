@@ -414,6 +414,19 @@ class BwdDqMmaConfig(MmaConfig):
     # sm_80 that (64, 32, 4) spills too (weighted 144; (16, 16, 1) there, 120, is clean).
     PRECISION_BUDGETS: ClassVar[dict] = {"fp32": {(8, 0): 128, (9, 0): 144}}
     TF32_SPILLS_SM100: ClassVar[bool] = True
+    # No count separates the rest: (16, 16, 1), the smallest tile, spills from head dim
+    # 208 on sm_80 (116 bytes) and from 224 on sm_90 (216) although (64, 32, 4) at 192,
+    # with more accumulators, is clean. So 3xTF32 dQ stops at these head dims
+    # (tests/test_compile.py compiles every planned 3xTF32 config from 176 to 256).
+    FP32_MAX_HEAD_DIM: ClassVar[dict] = {(8, 0): 192, (9, 0): 208}
+
+    def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
+        limit = max(((cc, d) for cc, d in self.FP32_MAX_HEAD_DIM.items() if cc <= compute_capability),
+                    default=(None, None))[1]
+        if self.float32_mode == "fp32" and limit is not None and self.head_dim_pad > limit:
+            major, minor = compute_capability
+            return f"3xTF32 dQ spills at every tile above head dim {limit} on sm_{major}{minor}"
+        return super().register_reason(compute_capability)
 
     @property
     def accumulators_per_lane(self) -> int:  # dQ (head_dim), S and dP (block_n each)

@@ -11,8 +11,8 @@ import pytest
 
 from cupyattn import compile as cc
 from cupyattn.device import named_device
-from cupyattn.plan import (PRECISIONS, AttentionProblem, FwdSimtConfig, check_expression, plan_forward,
-                           planned_configs)
+from cupyattn.plan import (PRECISIONS, AttentionProblem, FwdSimtConfig, MmaConfig, check_expression,
+                           plan_forward, planned_configs)
 
 
 def _nvrtc_reason():
@@ -56,6 +56,21 @@ def test_planned_kernels_compile_for_every_architecture_without_spills(arch, con
     assert report.stack_bytes == 0, report.log
     assert report.static_smem_bytes + config.layout.total <= spec.smem_per_block_optin
     assert 0 < report.registers <= 255
+
+
+FP32_WIDE_MATRIX = sorted({(arch, cfg) for arch, device in (("sm_80", "a100"), ("sm_90", "h100"))
+                           for cfg in planned_configs(named_device(device), range(176, 257, 16), ("float32",),
+                                                      precisions=("fp32",)).values()
+                           if isinstance(cfg, MmaConfig)}, key=lambda x: (x[0], x[1].name_expression))
+
+
+@pytest.mark.parametrize("arch,config", FP32_WIDE_MATRIX,
+                         ids=[f"{a}-{c.name_expression}" for a, c in FP32_WIDE_MATRIX])
+def test_planned_3xtf32_kernels_at_wide_head_dims_compile_without_spills(arch, config):
+    """3xTF32 at head dims 176-256 sits at the 255-register edge, where ptxas's spills
+    follow no accumulator count (plan.BwdDqMmaConfig.FP32_MAX_HEAD_DIM)."""
+    report = cc.compile_only(config, arch)
+    assert report.spills == 0, (config.name_expression, arch, report.registers, report.spills)
 
 
 def test_layout_check_rejects_a_planner_kernel_mismatch(monkeypatch):
@@ -106,7 +121,7 @@ def test_installed_package_finds_its_kernels(tmp_path):
 def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, precision, d, kernel):
     """The fast configurations as planned for an A100 / H100: tensor-core instructions of the
     precision mode (TF32 m16n8k8 for float32's fp32 / tf32), no spills."""
-    from cupyattn.plan import MmaConfig, plan_backward
+    from cupyattn.plan import plan_backward
 
     problem = AttentionProblem(dtype, d, d, True, 4, 16, 16, 4096, 4096, precision=precision)
     spec = named_device(device)
