@@ -256,8 +256,14 @@ class MmaConfig:
             budget = self.BUDGET_SM90 if compute_capability >= (9, 0) else self.BUDGET_SM80
         cap = self.PRECISION_BUDGETS.get(self.float32_mode)
         if isinstance(cap, dict):
-            cap = max(((cc, c) for cc, c in cap.items() if cc <= compute_capability), default=(None, None))[1]
+            cap = _by_capability(cap, compute_capability)
         return budget if cap is None else min(budget, cap)
+
+    # Head dims above which every 3xTF32 tile of the kernel spilled although some
+    # accumulator count admits one ({lowest compute capability: head dim}): near 255
+    # registers ptxas's spills follow no count (tests/test_compile.py compiles every
+    # planned 3xTF32 config at head dims 144-256 on sm_80, sm_90, sm_100 and sm_120).
+    FP32_MAX_HEAD_DIM: ClassVar[dict] = {}
 
     # TF32 modes whose every tile spilled on sm_100 / sm_120 (spill_map.py, head dims 32-256:
     # from 48 accumulators per lane): the backward kernels there run on CUDA cores.
@@ -265,14 +271,16 @@ class MmaConfig:
 
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
         """Why this tile would spill registers on that architecture, or None if it fits."""
+        major, minor = compute_capability
         if self.TF32_SPILLS_SM100 and compute_capability >= (10, 0) and self.float32_mode in ("fp32", "tf32"):
-            major, minor = compute_capability
             return f"the TF32 ({self.precision}) kernel spills at every tile on sm_{major}{minor}"
+        limit = _by_capability(self.FP32_MAX_HEAD_DIM, compute_capability)
+        if self.float32_mode == "fp32" and limit is not None and self.head_dim_pad > limit:
+            return f"the 3xTF32 kernel spills at every tile above head dim {limit} on sm_{major}{minor}"
         budget = self.register_budget(compute_capability)
         load, what = self.register_load
         if load <= budget:
             return None
-        major, minor = compute_capability
         return f"{load} {what}, over the spill-free budget of {budget} on sm_{major}{minor}"
 
     @property
@@ -309,8 +317,10 @@ class FwdMmaConfig(MmaConfig):
         return self._tile(b, "v_tile", self.block_n, self.STAGES).build()
 
     # 3xTF32: (128, 64, 8) at head dim 128 (96) is clean; at 192, (16, 16, 1) (104)
-    # spills on sm_80 and sm_100 but not on sm_90, (64, 32, 4) (112) everywhere.
+    # spills on sm_80 and sm_100 but not on sm_90, (64, 32, 4) (112) everywhere. On
+    # sm_100 (16, 16, 1) at 176 (96) spills 60 bytes where (64, 32, 4) at 160 (96) is clean.
     PRECISION_BUDGETS: ClassVar[dict] = {"fp32": {(8, 0): 96, (9, 0): 104, (10, 0): 96}}
+    FP32_MAX_HEAD_DIM: ClassVar[dict] = {(10, 0): 160}
 
     @property
     def accumulators_per_lane(self) -> int:  # O (head_dim) and S (block_n) per 16-row m-tile
@@ -414,19 +424,9 @@ class BwdDqMmaConfig(MmaConfig):
     # sm_80 that (64, 32, 4) spills too (weighted 144; (16, 16, 1) there, 120, is clean).
     PRECISION_BUDGETS: ClassVar[dict] = {"fp32": {(8, 0): 128, (9, 0): 144}}
     TF32_SPILLS_SM100: ClassVar[bool] = True
-    # No count separates the rest: (16, 16, 1), the smallest tile, spills from head dim
-    # 208 on sm_80 (116 bytes) and from 224 on sm_90 (216) although (64, 32, 4) at 192,
-    # with more accumulators, is clean. So 3xTF32 dQ stops at these head dims
-    # (tests/test_compile.py compiles every planned 3xTF32 config from 176 to 256).
+    # (16, 16, 1), the smallest tile, spills from head dim 208 on sm_80 (116 bytes) and
+    # from 224 on sm_90 (216) although (64, 32, 4) at 192, with more accumulators, is clean.
     FP32_MAX_HEAD_DIM: ClassVar[dict] = {(8, 0): 192, (9, 0): 208}
-
-    def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
-        limit = max(((cc, d) for cc, d in self.FP32_MAX_HEAD_DIM.items() if cc <= compute_capability),
-                    default=(None, None))[1]
-        if self.float32_mode == "fp32" and limit is not None and self.head_dim_pad > limit:
-            major, minor = compute_capability
-            return f"3xTF32 dQ spills at every tile above head dim {limit} on sm_{major}{minor}"
-        return super().register_reason(compute_capability)
 
     @property
     def accumulators_per_lane(self) -> int:  # dQ (head_dim), S and dP (block_n each)
@@ -731,6 +731,11 @@ def _mma_candidates(cls, tiles, problem: AttentionProblem, device: DeviceSpec, m
         else:
             skipped.append((cfg.name_expression, why))
     return configs, skipped
+
+
+def _by_capability(table: dict, compute_capability: tuple[int, int]):
+    """The value of ``table`` ({lowest compute capability: value}) for this capability, or None."""
+    return max(((cc, v) for cc, v in table.items() if cc <= compute_capability), default=(None, None))[1]
 
 
 def _next_pow2_at_least_8(n: int) -> int:

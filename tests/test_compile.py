@@ -58,8 +58,9 @@ def test_planned_kernels_compile_for_every_architecture_without_spills(arch, con
     assert 0 < report.registers <= 255
 
 
-FP32_WIDE_MATRIX = sorted({(arch, cfg) for arch, device in (("sm_80", "a100"), ("sm_90", "h100"))
-                           for cfg in planned_configs(named_device(device), range(176, 257, 16), ("float32",),
+FP32_WIDE_MATRIX = sorted({(arch, cfg) for arch, device in (("sm_80", "a100"), ("sm_90", "h100"),
+                                                            ("sm_100", "b200"), ("sm_120", "rtx5090"))
+                           for cfg in planned_configs(named_device(device), range(144, 257, 16), ("float32",),
                                                       precisions=("fp32",)).values()
                            if isinstance(cfg, MmaConfig)}, key=lambda x: (x[0], x[1].name_expression))
 
@@ -67,8 +68,8 @@ FP32_WIDE_MATRIX = sorted({(arch, cfg) for arch, device in (("sm_80", "a100"), (
 @pytest.mark.parametrize("arch,config", FP32_WIDE_MATRIX,
                          ids=[f"{a}-{c.name_expression}" for a, c in FP32_WIDE_MATRIX])
 def test_planned_3xtf32_kernels_at_wide_head_dims_compile_without_spills(arch, config):
-    """3xTF32 at head dims 176-256 sits at the 255-register edge, where ptxas's spills
-    follow no accumulator count (plan.BwdDqMmaConfig.FP32_MAX_HEAD_DIM)."""
+    """3xTF32 at head dims 144-256 sits at the 255-register edge, where ptxas's spills
+    follow no accumulator count (plan.MmaConfig.FP32_MAX_HEAD_DIM)."""
     report = cc.compile_only(config, arch)
     assert report.spills == 0, (config.name_expression, arch, report.registers, report.spills)
 
