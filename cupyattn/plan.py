@@ -246,7 +246,7 @@ class MmaConfig:
     # `spill_map.py --modes float32:fp32,float32:bf16` on sm_80 and sm_90, and sm_100 /
     # sm_120 for the 3xTF32 forward (the fewest accumulators that spilled, minus one
     # step); tf32 spills where float16 does.
-    # A cap is one number, or {lowest compute capability: cap} where ptxas differs.
+    # {mode: {lowest compute capability: cap}}.
     PRECISION_BUDGETS: ClassVar[dict] = {}
 
     def register_budget(self, compute_capability: tuple[int, int]) -> int:
@@ -254,9 +254,7 @@ class MmaConfig:
             budget = self.BUDGET_SM100
         else:
             budget = self.BUDGET_SM90 if compute_capability >= (9, 0) else self.BUDGET_SM80
-        cap = self.PRECISION_BUDGETS.get(self.float32_mode)
-        if isinstance(cap, dict):
-            cap = _by_capability(cap, compute_capability)
+        cap = _by_capability(self.PRECISION_BUDGETS.get(self.float32_mode, {}), compute_capability)
         return budget if cap is None else min(budget, cap)
 
     # Head dims above which every 3xTF32 tile of the kernel spilled although some
@@ -382,7 +380,7 @@ class BwdDkdvMmaConfig(MmaConfig):
     # while (16, 32, 4) at 192 (112) does not; weighted, the clean tiles are <= 128
     # and the spilling ones >= 160, (16, 16, 2) at 256 by 8 bytes
     # (scripts/spill_map.py --modes float32:fp32).
-    PRECISION_BUDGETS: ClassVar[dict] = {"fp32": 144, "bf16": 160, "fp16": 160}
+    PRECISION_BUDGETS: ClassVar[dict] = {"fp32": {(8, 0): 144}, "bf16": {(8, 0): 160}, "fp16": {(8, 0): 160}}
     TF32_SPILLS_SM100: ClassVar[bool] = True
 
     @property
@@ -688,12 +686,12 @@ BWD_DQ_MMA_TILES = (
 # (128,32,8) 10.22 < (64,32,4) 10.69 < (64,64,4) 10.87, D=128 (128,32,8) 22.46 <
 # (64,32,4) 26.40 < (64,64,4) 26.50; the other orders held (forward D=64: (128,64,4)
 # first; dK/dV: (64,64,4) at 128, within 1% of the best at 64). (moved, goes before):
-TF32_TILE_MOVES = {"FwdMmaConfig": ((128, 64, 8), (128, 32, 4)), "BwdDqMmaConfig": ((128, 32, 8), (64, 64, 4))}
+TF32_TILE_MOVES = {FwdMmaConfig: ((128, 64, 8), (128, 32, 4)), BwdDqMmaConfig: ((128, 32, 8), (64, 64, 4))}
 
 
 def _tile_order(cls, tiles, precision: str) -> tuple:
     """``tiles`` in the preference order of ``precision`` (TF32_TILE_MOVES)."""
-    moved, before = TF32_TILE_MOVES.get(cls.__name__, (None, None)) if precision == "tf32" else (None, None)
+    moved, before = TF32_TILE_MOVES.get(cls, (None, None)) if precision == "tf32" else (None, None)
     if moved not in tiles or before not in tiles:
         return tuple(tiles)
     rest = [t for t in tiles if t != moved]
