@@ -293,7 +293,15 @@ attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
                 long long dq_sb, long long dq_ss, long long dq_sh,
                 int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
                 int head_dim, int head_dim_v, int num_m_tiles,
-                float scale, float scale_log2, int causal_offset) {
+                float scale, float scale_log2, int diagonal_offset) {
+    // Not causal: the causal code with a diagonal past every key (key < seqlen_k <=
+    // row + seqlen_k). Compiled with CAUSAL folded out of the loop, ptxas (NVRTC 13.5)
+    // spilled 36-544 bytes in most planned tiles from head dim 144 on sm_80-sm_89 (and
+    // 484 in 3xTF32 at head dim 64 on sm_90) whose causal instances need 160-250
+    // registers; H200 timings are the same either way (float16 and float32, within 1%).
+    // The forward lost up to 23% to the same change, so it keeps its own non-causal
+    // code (tests/test_compile.py compiles both instances of every planned tile).
+    const int causal_offset = CAUSAL ? diagonal_offset : seqlen_k;
     using S = typename Op::Smem;
     using L = BwdDqMmaLayout<S, D_PAD, BLOCK_M, BLOCK_N>;
     constexpr int THREADS = NUM_WARPS * 32;
@@ -321,7 +329,7 @@ attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
                                                       seqlen_q - m0, head_dim);
     stage_tile<T, S, BLOCK_M, D_PAD, STRIDE, THREADS>(do_tile, dout + qb.b * do_sb + qb.h * do_sh + m0 * do_ss,
                                                       do_ss, seqlen_q - m0, head_dim_v);
-    const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
+    const int n_end = key_end<true, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
     auto load_kv = [&](int tile) {
         const int n0 = tile * BLOCK_N, stage = tile % 2;
@@ -357,7 +365,7 @@ attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
         const S* ks = k_tile + (tile % 2) * BLOCK_N * STRIDE;
         const S* vs = v_tile + (tile % 2) * BLOCK_N * STRIDE;
         const int n0 = tile * BLOCK_N;
-        const bool warp_sees_tile = !CAUSAL || n0 <= warp_row0 + 15 + causal_offset;
+        const bool warp_sees_tile = n0 <= warp_row0 + 15 + causal_offset;
         if (warp_sees_tile) {
             float s[N_BLOCKS][4], dp[N_BLOCKS][4];
             zero(s);
@@ -366,7 +374,7 @@ attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
             mma_rows_by_rows<Op, D_PAD, N_BLOCKS / 2, STRIDE>(dp, do_rows, vs, lane);
 
             const bool needs_mask = warp_row0 + 16 > seqlen_q || n0 + BLOCK_N > seqlen_k ||
-                                    (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
+                                    (n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
 #pragma unroll
             for (int j = 0; j < N_BLOCKS; ++j)
 #pragma unroll
@@ -376,7 +384,7 @@ attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
                     const int key = n0 + j * 8 + 2 * t + e4 % 2;
                     const bool visible = !needs_mask ||
                                          (row < seqlen_q && key < seqlen_k &&
-                                          (!CAUSAL || key <= row + causal_offset));
+                                          key <= row + causal_offset);
                     const float p = visible ? exp2f(s[j][e4] * scale_log2 - lse_log2[half]) : 0.0f;
                     dp[j][e4] = visible ? p * (dp[j][e4] - dlt[half]) : 0.0f;
                 }

@@ -32,13 +32,25 @@ pytestmark = pytest.mark.skipif(_nvrtc_reason() is not None, reason=str(_nvrtc_r
 ARCH_DEVICES = {"sm_70": "v100", "sm_75": "t4", "sm_80": "a100", "sm_86": "rtx3090",
                 "sm_89": "rtx6000ada", "sm_90": "h100", "sm_100": "b200", "sm_120": "rtx5090"}
 HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
-# Configurations allowed to spill, with the reason; none today.
-SPILL_ALLOWANCE: dict = {}
+FP32_WIDE_DIMS = tuple(range(144, 257, 16))  # 3xTF32 near 255 registers: every 16
+# Planned tiles allowed to spill (NVRTC 13.5): {(arch, name expression): (most bytes, why)}.
+# Both non-causal, found when this test took non-causal instances too
+# (scripts/planned_spills.py lists every planned tile that spills); on the H200 the
+# next spill-free tile was slower (B=4, H=16, S=4096, not causal, whole-call ms).
+SPILL_ALLOWANCE: dict = {
+    ("sm_90", "cupyattn::attn_fwd_mma<float, cupyattn::MmaTf32<3>, 176, 64, 32, 4, false>"): (
+        288, "24.6 ms with its spill; the next spill-free tile, (16, 16, 1), 51.1 ms "
+             "((128, 32, 8), spilling as much, 17.2 ms)"),
+    ("sm_90", "cupyattn::attn_fwd_mma<float, cupyattn::MmaTf32<3>, 192, 16, 16, 1, false>"): (
+        220, "58.3 ms with its spill; the spill-free FFMA kernel 63.0 ms"),
+}
 
 
 def _planned(arch):
+    # Both causal settings: the kernels are separate instances, and ptxas has spilled in
+    # the non-causal one of a tile whose causal one fits (attn_bwd_dq_mma says more).
     configs = planned_configs(named_device(ARCH_DEVICES[arch]), HEAD_DIMS, ("float16", "bfloat16", "float32"),
-                              precisions=PRECISIONS)
+                              causals=(False, True), precisions=PRECISIONS)
     return [(arch, cfg) for _, cfg in sorted(configs.items())]
 
 
@@ -52,16 +64,17 @@ def test_planned_kernels_compile_for_every_architecture_without_spills(arch, con
     as planned for each GPU."""
     spec = named_device(ARCH_DEVICES[arch])
     report = cc.compile_only(config, arch)
-    assert report.spills <= SPILL_ALLOWANCE.get(config.name_expression, 0), report.log
-    assert report.stack_bytes == 0, report.log
+    allowed = SPILL_ALLOWANCE.get((arch, config.name_expression), (0, ""))[0]
+    assert report.spills <= allowed, report.log
+    assert report.stack_bytes <= allowed, report.log
     assert report.static_smem_bytes + config.layout.total <= spec.smem_per_block_optin
     assert 0 < report.registers <= 255
 
 
 FP32_WIDE_MATRIX = sorted({(arch, cfg) for arch, device in (("sm_80", "a100"), ("sm_90", "h100"),
                                                             ("sm_100", "b200"), ("sm_120", "rtx5090"))
-                           for cfg in planned_configs(named_device(device), range(144, 257, 16), ("float32",),
-                                                      precisions=("fp32",)).values()
+                           for cfg in planned_configs(named_device(device), FP32_WIDE_DIMS, ("float32",),
+                                                      causals=(False, True), precisions=("fp32",)).values()
                            if isinstance(cfg, MmaConfig)}, key=lambda x: (x[0], x[1].name_expression))
 
 
@@ -71,7 +84,8 @@ def test_planned_3xtf32_kernels_at_wide_head_dims_compile_without_spills(arch, c
     """3xTF32 at head dims 144-256 sits at the 255-register edge, where ptxas's spills
     follow no accumulator count (plan.MmaConfig.FP32_MAX_HEAD_DIM)."""
     report = cc.compile_only(config, arch)
-    assert report.spills == 0, (config.name_expression, arch, report.registers, report.spills)
+    allowed = SPILL_ALLOWANCE.get((arch, config.name_expression), (0, ""))[0]
+    assert report.spills <= allowed, (config.name_expression, arch, report.registers, report.spills)
 
 
 def test_layout_check_rejects_a_planner_kernel_mismatch(monkeypatch):
