@@ -28,6 +28,7 @@ def main():
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--precision", default=None, help="for float32: fp32, tf32, bf16 or fp16")
     args = parser.parse_args()
     import numpy as np
 
@@ -35,11 +36,12 @@ def main():
     shape = (args.batch, args.seqlen, args.heads, args.dim)
     q, k, v, do = (testing.to_device(testing.host_values(shape, args.dtype, rng), args.dtype) for _ in range(4))
     for _ in range(2):  # warm-up pair, then the profiled pair
-        out, lse = cupyattn.attention(q, k, v, causal=args.causal, return_lse=True)
-        cupyattn.attention_backward(do, q, k, v, out, lse, causal=args.causal)
+        out, lse = cupyattn.attention(q, k, v, causal=args.causal, return_lse=True, precision=args.precision)
+        cupyattn.attention_backward(do, q, k, v, out, lse, causal=args.causal, precision=args.precision)
     cupy.cuda.Device().synchronize()
     problem = cupyattn.AttentionProblem(args.dtype, args.dim, args.dim, args.causal, args.batch,
-                                        args.heads, args.heads, args.seqlen, args.seqlen)
+                                        args.heads, args.heads, args.seqlen, args.seqlen,
+                                        precision=cupyattn.plan.parse_precision(args.precision, args.dtype))
     spec = cupyattn.current_device()
     bwd = cupyattn.plan_backward(problem, spec)
     for plan in (cupyattn.plan_forward(problem, spec), bwd.dkdv, bwd.dq):
