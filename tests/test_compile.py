@@ -197,3 +197,20 @@ def test_first_callers_of_one_config_compile_once_per_device(monkeypatch):
     assert got[0].max_dynamic_shared_size_bytes == cfg.layout.total  # opted in past 48 KiB
     other = cc.get_kernel(cfg, gpu1)
     assert len(compiles) == 2 and other is not got[0]
+
+
+def test_wgmma_tf32_probe_compiles_for_sm_90a():
+    """scripts/wgmma_probe.py (groundwork for an sm_90a kernel family): NVRTC takes
+    wgmma.mma_async with TF32 operands for sm_90a and emits HGMMA; plain sm_90 refuses it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import wgmma_probe
+
+    cubin = wgmma_probe.compile_cubin("sm_90a")
+    report = cc.CompileReport("probe", "sm_90a", 0, 0, 0, 0, 0, log="", cubin=cubin)
+    try:
+        text = cc.sass(report)
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    assert "HGMMA.64x64x8.F32.TF32" in text
+    with pytest.raises(cc.CompileError):
+        wgmma_probe.compile_cubin("sm_90")
