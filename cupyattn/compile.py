@@ -266,6 +266,13 @@ class _Nvrtc:
 
 def sass(report: CompileReport) -> str:
     """Disassembly of a compile_only result (cuobjdump from pip's or the system's CUDA)."""
+    if not report.cubin:
+        raise ValueError(f"no CUBIN kept for {report.name_expression} ({report.arch})")
+    return disassemble(report.cubin)
+
+
+def disassemble(cubin: bytes) -> str:
+    """SASS of a CUBIN (cuobjdump from pip's or the system's CUDA)."""
     import shutil
     import subprocess
     import tempfile
@@ -282,10 +289,8 @@ def sass(report: CompileReport) -> str:
     env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(tool or ""), os.environ.get("PATH", "")]))
     if tool is None or shutil.which("nvdisasm", path=env["PATH"]) is None:
         raise FileNotFoundError("cuobjdump / nvdisasm not found: pip install 'cuda-toolkit[cuobjdump,nvdisasm]'")
-    if not report.cubin:
-        raise ValueError(f"no CUBIN kept for {report.name_expression} ({report.arch})")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(report.cubin)
+        f.write(cubin)
         f.flush()
         return subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True,
                               check=True, env=env).stdout
