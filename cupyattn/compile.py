@@ -63,6 +63,13 @@ _cache: dict = {}
 _lock = threading.Lock()
 
 
+def target_arch(config, arch: str) -> str:
+    """The architecture ``config`` compiles for on ``arch``: its own suffix added (wgmma
+    kernels need sm_90a, the architecture-specific target of sm_90)."""
+    suffix = getattr(config, "ARCH_SUFFIX", "")
+    return arch if not suffix or arch.endswith(suffix) else arch + suffix
+
+
 def get_kernel(config, device):
     """The loaded kernel (a ``cupy.RawKernel``) for ``config`` on the live ``device``."""
     import cupy
@@ -75,20 +82,46 @@ def get_kernel(config, device):
         kernel = _cache.get(key)
         if kernel is not None:
             return kernel
-        options = NVRTC_OPTIONS + (f"-I{kernels_dir()}",)
         with cupy.cuda.Device(device.device_id):
-            try:
-                module = cupy.RawModule(
-                    code=kernel_source(config), options=options,
-                    name_expressions=_name_expressions(config))
-                kernel = module.get_function(config.name_expression)
-            except cupy.cuda.compiler.CompileException as exc:
-                raise CompileError(f"compiling {config.name_expression} failed:\n{exc}") from exc
+            if getattr(config, "ARCH_SUFFIX", ""):
+                kernel = _load_arch_specific(config, device)
+            else:
+                try:
+                    module = cupy.RawModule(
+                        code=kernel_source(config), options=NVRTC_OPTIONS + (f"-I{kernels_dir()}",),
+                        name_expressions=_name_expressions(config))
+                    kernel = module.get_function(config.name_expression)
+                except cupy.cuda.compiler.CompileException as exc:
+                    raise CompileError(f"compiling {config.name_expression} failed:\n{exc}") from exc
             smem = config.layout.total
             if smem > device.smem_per_block:
                 kernel.max_dynamic_shared_size_bytes = smem
         _cache[key] = kernel
         return kernel
+
+
+def _load_arch_specific(config, device):
+    """A kernel for an architecture-specific target (sm_90a): CuPy's RawModule passes its
+    own -arch, so NVRTC is called directly and the CUBIN loaded from a file, kept in
+    CuPy's kernel cache directory (CUPY_CACHE_DIR) under a name that hashes the kernel,
+    every kernel file and the NVRTC version."""
+    import cupy
+
+    major, minor = device.compute_capability
+    arch = target_arch(config, f"sm_{major}{minor}")
+    nvrtc = _Nvrtc.for_arch(arch)
+    ident = f"{config.name_expression}|{arch}|{kernels_hash()}|{nvrtc.version()}"
+    cache_dir = Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
+    path = cache_dir / f"cupyattn_{hashlib.sha256(ident.encode()).hexdigest()[:32]}.cubin"
+    names = path.with_suffix(".name")
+    if not (path.is_file() and names.is_file()):
+        report = _compile_only(config, arch, tuple(_name_expressions(config)), kernels_hash())
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        for target, data in ((path, report.cubin), (names, report.mangled_name.encode())):
+            tmp = target.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, target)  # atomic: a concurrent reader sees all or nothing
+    return cupy.RawModule(path=str(path)).get_function(names.read_text())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +135,7 @@ class CompileReport:
     static_smem_bytes: int
     log: str = dataclasses.field(repr=False)
     cubin: bytes = dataclasses.field(default=b"", repr=False)
+    mangled_name: str = ""
 
     @property
     def spills(self) -> int:
@@ -148,11 +182,12 @@ def _parse_ptxas(log: str, mangled: str) -> dict:
 
 
 def compile_only(config, arch: str) -> CompileReport:
-    """Compile ``config`` for ``arch`` (e.g. ``sm_90``) without a GPU; report resources.
+    """Compile ``config`` for ``arch`` (e.g. ``sm_90``; ``target_arch`` adds a kernel's
+    suffix, sm_90a for wgmma) without a GPU; report resources.
 
     Results are reused within a process (keyed by the kernel, its layout check,
     the architecture and the kernels' hash)."""
-    return _compile_only(config, arch, tuple(_name_expressions(config)), kernels_hash())
+    return _compile_only(config, target_arch(config, arch), tuple(_name_expressions(config)), kernels_hash())
 
 
 # NVRTC 13 (CUDA 13) dropped these; NVRTC 12 still compiles for them.
@@ -179,7 +214,7 @@ def _compile_only(config, arch: str, _names: tuple, _kernels_hash: str) -> Compi
         cubin = nvrtc.cubin(prog)
     finally:
         nvrtc.destroy_program(prog)
-    return CompileReport(expr, arch, log=log, cubin=cubin, **_parse_ptxas(log, mangled))
+    return CompileReport(expr, arch, log=log, cubin=cubin, mangled_name=mangled, **_parse_ptxas(log, mangled))
 
 
 class _Nvrtc:
@@ -259,6 +294,11 @@ class _Nvrtc:
         out = self._c.c_char_p()
         self._check(self.lib.nvrtcGetLoweredName(prog, expr.encode(), self._c.byref(out)))
         return out.value.decode()
+
+    def version(self) -> str:
+        major, minor = self._c.c_int(), self._c.c_int()
+        self._check(self.lib.nvrtcVersion(self._c.byref(major), self._c.byref(minor)))
+        return f"{major.value}.{minor.value}"
 
     def destroy_program(self, prog):
         self._check(self.lib.nvrtcDestroyProgram(self._c.byref(prog)))

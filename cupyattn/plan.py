@@ -346,6 +346,64 @@ class FwdMmaConfig(MmaConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class FwdWgmmaConfig(FwdMmaConfig):
+    """``attn_fwd_wgmma``: the forward of float32 inputs in the TF32 modes ("fp32",
+    "tf32") on Hopper's warpgroup MMA (kernels/attn_fwd_wgmma.cuh); each warpgroup (4
+    warps) owns 64 query rows. wgmma exists on sm_90a only: the kernel is compiled for
+    that target and planned on compute capability 9.0 alone."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_fwd_wgmma"
+    LAYOUT: ClassVar[str] = "cupyattn::FwdWgmmaLayout"
+    HEADER: ClassVar[str] = "attn_fwd_wgmma.cuh"
+    ARCH_SUFFIX: ClassVar[str] = "a"  # sm_90 -> sm_90a: the architecture-specific features
+
+    @staticmethod
+    def runs_on(device: DeviceSpec, dtype: str, precision: str) -> bool:
+        return device.compute_capability == (9, 0) and dtype == "float32" and precision in ("fp32", "tf32")
+
+    @property
+    def parts(self) -> int:
+        """TF32 parts per operand: big and small for 3xTF32, one otherwise."""
+        return 2 if self.precision == "fp32" else 1
+
+    @property
+    def valid(self) -> bool:
+        return (self.dtype == "float32" and self.precision in ("fp32", "tf32") and self.num_warps % 4 == 0
+                and self.block_m == 16 * self.num_warps and self.block_n in (16, 32, 64)
+                and self.head_dim_pad % 16 == 0)
+
+    @property
+    def layout_expression(self) -> str:
+        return f"{self.LAYOUT}<{MMA_OPS[self.precision]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}>"
+
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
+    def layout(self) -> Layout:
+        d, parts = self.head_dim_pad, self.parts
+        what = "TF32 big and small parts (3xTF32)" if parts == 2 else "TF32"
+        core = f"{what}, in 8-row x 16-byte core matrices (wgmma operands, no swizzle)"
+        raw = "float32 as copied (cp.async), split into the TF32 tiles per K/V tile; +16 bytes per row"
+        return (LayoutBuilder()
+                .add("q_tile", (parts, self.block_m, d), "float32", core)
+                .add("k_tile", (parts, self.block_n, d), "float32", core)
+                .add("vt_tile", (parts, d, self.block_n), "float32",
+                     f"V transposed (wgmma's TF32 B operand is K-major); {core}")
+                .add("k_raw", (self.block_n, d + 4), "float32", raw)
+                .add("v_raw", (self.block_n, d + 4), "float32", raw)
+                .build())
+
+    @property
+    def accumulators_per_lane(self) -> int:  # O (head_dim), S and its two k-step accumulators
+        return (self.head_dim_pad + 3 * self.block_n) // 2
+
+    def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
+        # 16 warps leave 128 registers a lane: 3xTF32 with 64-key tiles spills 200 bytes
+        # at head dim 64 (NVRTC 13.5). Every planned tile is compiled by tests/test_compile.py.
+        if self.num_warps == 16 and self.precision == "fp32" and self.block_n > 32:
+            return "3xTF32 with 64-key tiles spills at 16 warps (128 registers a lane)"
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
 class BwdDkdvMmaConfig(MmaConfig):
     """``attn_bwd_dkdv_mma``: dK and dV for a tile of keys on tensor cores
     (kernels/attn_bwd_mma.cuh); 16 keys per warp, ``d_split`` warps share them."""
@@ -680,6 +738,43 @@ BWD_DQ_MMA_TILES = (
 )
 
 
+# wgmma forward (float32 "fp32" / "tf32" on sm_90): a warpgroup owns 64 query rows, so
+# block_m = 16 * num_warps. More warpgroups per SM is what pays (the kernel waits on its
+# wgmma groups and per-tile TF32 split). Measured on the H200 (`tune_tiles.py --dtype
+# float32 --precision fp32|tf32 --families wgmma`, B=4, H=16, S=4096, not causal, ms):
+# fp32 D=64 (256,32,16) 4.30 < (192,64,12) 4.48 < (192,32,12) 5.28 < (128,64,8) 5.87;
+# D=128 (128,32,8) 11.81 < (128,16,8) 14.55 (12 warps do not fit: Q takes two TF32
+# parts); D=256 (64,16,4) 59.9 (alone). tf32 D=64 (256,32,16) 2.83 ~ (192,32,12) 2.85 <
+# (192,64,12) 2.94 < (128,64,8) 3.00; D=128 (256,32,16) 4.40 < (192,64,12) 4.62 <
+# (192,32,12) 5.40; D=256 (128,16,8) 15.7 < (64,32,4) 33.2.
+FWD_WGMMA_TILES = (
+    (256, 32, 16),
+    (192, 64, 12),
+    (192, 32, 12),
+    (128, 64, 8),
+    (128, 32, 8),
+    (128, 16, 8),
+    (256, 16, 16),
+    (192, 16, 12),
+    (64, 32, 4),
+    (64, 16, 4),
+    (64, 64, 4),
+)
+
+
+def _forward_families(precision: str, head_dim_pad: int) -> tuple:
+    """The forward's tensor-core kernel families in preference order. The wgmma kernel
+    goes first where it measured faster than mma.sync's best tile on the H200 (same
+    command as FWD_WGMMA_TILES; mma.sync with FWD_WGMMA_TILES emptied, ms): "fp32" D=64
+    4.30 vs 5.53; "tf32" D=128 4.40 vs 5.19 and D=256 15.7 vs 17.0. Behind mma.sync
+    elsewhere ("fp32" D=128 11.81 vs 11.57, "tf32" D=64 2.83 vs 2.35), where it still
+    runs before the CUDA cores would: "fp32" at D=256, where every mma.sync tile spills,
+    59.9 ms vs FFMA 85.6."""
+    wgmma_first = head_dim_pad <= 64 if precision == "fp32" else head_dim_pad >= 128
+    wgmma, mma = (FwdWgmmaConfig, FWD_WGMMA_TILES), (FwdMmaConfig, FWD_MMA_TILES)
+    return (wgmma, mma) if wgmma_first else (mma, wgmma)
+
+
 # The TF32 mode (one pass, 32-bit operands) measured apart on the H200 (whole-call ms,
 # B=4, H=16, S=4096, not causal; `tune_tiles.py --dtype float32 --precision tf32`):
 # forward D=128 (128,64,8) 5.29 < (128,32,8) 5.88 < (128,32,4) 6.12; dQ D=64
@@ -711,10 +806,12 @@ def mma_eligible(problem: AttentionProblem, device: DeviceSpec) -> bool:
 def _mma_candidates(cls, tiles, problem: AttentionProblem, device: DeviceSpec, max_block_m: int,
                     max_block_n: int, precision: str) -> tuple[list, list]:
     """The tiles of ``tiles`` in ``precision`` that suit the problem's size and compile
-    without spills on ``device`` (none unless ``mma_eligible``), and (name, why) for
-    those that would spill."""
+    without spills on ``device`` (none unless ``mma_eligible``, and for a kernel family
+    with ``runs_on``, unless it runs there), and (name, why) for those that would spill."""
     configs, skipped = [], []
     if not mma_eligible(problem, device):
+        return configs, skipped
+    if hasattr(cls, "runs_on") and not cls.runs_on(device, problem.dtype, precision):
         return configs, skipped
     d_pad = (problem.head_dim + 15) // 16 * 16
     for block_m, block_n, warps in _tile_order(cls, tiles, precision):
@@ -782,18 +879,23 @@ def _query_tiles_blocks(problem: AttentionProblem):
     return lambda cfg: problem.batch * problem.heads_q * -(-max(1, problem.seqlen_q) // cfg.block_m)
 
 
-def _plan_pass(kind: str, cls, tiles, simt: list, problem: AttentionProblem, device: DeviceSpec,
+def _plan_pass(kind: str, families, simt: list, problem: AttentionProblem, device: DeviceSpec,
                max_block_m: int, max_block_n: int, num_blocks) -> Plan:
     """Tensor cores in the first allowed precision mode that has a tile fitting the
-    device's shared memory, else the CUDA-core tiles (float32 FFMA). Earlier modes'
-    rejected tiles are reported. A tensor-core tile is taken even where a CUDA-core
-    tile would give a small problem more blocks: the CUDA-core kernels are the
+    device's shared memory, else the CUDA-core tiles (float32 FFMA). ``families`` are
+    (config class, tiles) in preference order, or a function of the precision mode
+    that returns them (the forward's: ``_forward_families``).
+    Earlier modes' rejected tiles are reported. A tensor-core tile is taken even where a
+    CUDA-core tile would give a small problem more blocks: the CUDA-core kernels are the
     fallback for what the tensor cores cannot run, not a competitor."""
     limit = device.smem_per_block_optin
     skipped, rejected = [], []
     for precision in problem.precision:
-        mma, skip = _mma_candidates(cls, tiles, problem, device, max_block_m, max_block_n, precision)
-        skipped += skip
+        mma = []
+        for cls, tiles in (families(precision) if callable(families) else families):
+            found, skip = _mma_candidates(cls, tiles, problem, device, max_block_m, max_block_n, precision)
+            mma += found
+            skipped += skip
         if any(cfg.layout.total <= limit for cfg in mma):
             return _choose(kind, mma, problem, device, num_blocks, skipped, rejected)
         rejected += [Rejected(cfg.name_expression, cfg.layout.total, limit) for cfg in mma]
@@ -816,8 +918,10 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
     """
     max_block_m = _next_pow2_at_least_8(problem.seqlen_q)
     simt = list(_candidates(FwdSimtConfig, FWD_SIMT_TILES, problem, max_block_m, 64))
-    return _plan_pass("forward", FwdMmaConfig, FWD_MMA_TILES, simt, problem, device, max_block_m,
-                      _next_pow2_at_least_8(problem.seqlen_k), _query_tiles_blocks(problem))
+    d_pad = (problem.head_dim + 15) // 16 * 16
+    return _plan_pass("forward", lambda precision: _forward_families(precision, d_pad), simt,
+                      problem, device, max_block_m, _next_pow2_at_least_8(problem.seqlen_k),
+                      _query_tiles_blocks(problem))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -848,9 +952,9 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan
                                * -(-max(1, problem.seqlen_k) // cfg.block_n))
     return BackwardPlan(
         delta=BwdDeltaConfig(problem.dtype),
-        dkdv=_plan_pass("backward dK/dV", BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES, dkdv_simt, problem, device,
-                        max_m, max_n, dkdv_blocks),
-        dq=_plan_pass("backward dQ", BwdDqMmaConfig, BWD_DQ_MMA_TILES, dq_simt, problem, device,
+        dkdv=_plan_pass("backward dK/dV", ((BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES),), dkdv_simt, problem,
+                        device, max_m, max_n, dkdv_blocks),
+        dq=_plan_pass("backward dQ", ((BwdDqMmaConfig, BWD_DQ_MMA_TILES),), dq_simt, problem, device,
                       max_m, max_n, _query_tiles_blocks(problem)),
     )
 

@@ -171,6 +171,7 @@ struct Tf32Words {
 template <int PASSES>
 struct MmaTf32 {
     static_assert(PASSES == 1 || PASSES == 3, "one TF32 pass, or 3xTF32");
+    static constexpr int passes = PASSES;
     using Smem = float;
     static constexpr int K_STEP = 8;
     using A = Tf32Words<PASSES, 4>;  // 16 x 8

@@ -3,6 +3,7 @@ architecture of the named GPUs, layout agreement, packaging."""
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,8 @@ import pytest
 
 from cupyattn import compile as cc
 from cupyattn.device import named_device
-from cupyattn.plan import (PRECISIONS, AttentionProblem, FwdSimtConfig, MmaConfig, check_expression,
-                           plan_forward, planned_configs)
+from cupyattn.plan import (PRECISIONS, AttentionProblem, FwdSimtConfig, FwdWgmmaConfig, MmaConfig,
+                           check_expression, plan_forward, planned_configs)
 
 
 def _nvrtc_reason():
@@ -148,7 +149,7 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
     else:
         bplan = plan_backward(problem, spec)
         cfg = (bplan.dkdv if kernel == "dkdv" else bplan.dq).config
-    if (precision, d) == ("fp32", 256):  # every 3xTF32 tile at 256 would spill registers: FFMA
+    if (precision, d, arch) == ("fp32", 256, "sm_80"):  # every 3xTF32 mma.sync tile spills: FFMA
         assert not isinstance(cfg, MmaConfig)
         return
     assert isinstance(cfg, MmaConfig) and cfg.precision == (precision or cfg.precision)
@@ -156,6 +157,10 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
         text = cc.sass(cc.compile_only(cfg, arch))
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
+    if isinstance(cfg, FwdWgmmaConfig):  # float32 TF32 modes on sm_90 (plan._forward_families)
+        assert arch == "sm_90" and re.search(r"HGMMA\.64x\d+x8\.F32\.TF32", text)
+        assert "LDGSTS" in text and "LDL" not in text and "STL" not in text
+        return
     if precision in ("fp32", "tf32"):
         assert "HMMA.1688.F32.TF32" in text  # m16n8k8 TF32, float32 accumulate
     else:

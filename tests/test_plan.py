@@ -4,7 +4,7 @@ import pytest
 
 from cupyattn.device import NAMED_DEVICES, named_device, smem_limit_from_env
 from cupyattn.layout import align
-from cupyattn.plan import (MAX_ACCUMULATORS_PER_LANE, AttentionProblem,
+from cupyattn.plan import (MAX_ACCUMULATORS_PER_LANE, AttentionProblem, FwdWgmmaConfig,
                            FwdSimtConfig, MmaConfig, PlanError, blocks_per_sm, plan_backward, plan_forward)
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -293,9 +293,14 @@ def test_a_sequence_of_modes_falls_through_to_the_first_that_gets_tensor_cores()
     assert "MmaTf32<3>" in small.rejected[0].name_expression
     tiny = plan_forward(problem, h200.with_smem_limit(16384))  # neither: CUDA cores
     assert not isinstance(tiny.config, MmaConfig) and tiny.precision == "fp32"
-    # At head dim 256 every 3xTF32 forward tile would spill: the next allowed mode runs.
-    wide = plan_forward(AttentionProblem("float32", 256, 256, True, precision=("fp32", "bf16")), h200)
+    # At head dim 256 every 3xTF32 mma.sync forward tile would spill: on an A100 the next
+    # allowed mode runs; an H200 has the wgmma kernel for 3xTF32 there.
+    wide_problem = AttentionProblem("float32", 256, 256, True, precision=("fp32", "bf16"))
+    wide = plan_forward(wide_problem, named_device("a100"))
     assert wide.precision == "bf16" and any("MmaTf32<3>" in name for name, _ in wide.register_skipped)
+    wide = plan_forward(wide_problem, h200)
+    assert wide.precision == "fp32" and isinstance(wide.config, FwdWgmmaConfig)
+    assert any("attn_fwd_mma<float, cupyattn::MmaTf32<3>" in name for name, _ in wide.register_skipped)
     # No tensor cores: the first mode's FFMA fallback, float32 arithmetic.
     v100 = plan_forward(problem, named_device("v100"))
     assert not isinstance(v100.config, MmaConfig) and v100.precision == "fp32"
@@ -313,10 +318,11 @@ def test_tf32_takes_its_own_measured_tile_order_and_other_modes_keep_theirs():
     def problem(precision, d):
         return AttentionProblem("float32", d, d, False, 4, 16, 16, 4096, 4096, precision=(precision,))
 
-    assert _tile(plan_forward(problem("tf32", 128), spec)) == (128, 64, 8)  # before (128, 32, 4)
+    assert _tile(plan_forward(problem("tf32", 96), spec)) == (128, 64, 8)  # before (128, 32, 4)
     assert _tile(plan_forward(problem("tf32", 64), spec)) == (128, 64, 4)  # still first
     assert _tile(plan_backward(problem("tf32", 128), spec).dq) == (128, 32, 8)
-    assert _tile(plan_forward(problem("fp32", 64), spec)) == (128, 32, 4)  # 3xTF32 measured apart
+    # 3xTF32 measured apart (an A100: the H100 takes the wgmma kernel there)
+    assert _tile(plan_forward(problem("fp32", 64), named_device("a100"))) == (128, 32, 4)
     f16 = AttentionProblem("float16", 128, 128, False, 4, 16, 16, 4096, 4096)
     assert _tile(plan_backward(f16, spec).dq) == (64, 64, 4)
 
@@ -333,3 +339,51 @@ def test_3xtf32_register_caps_follow_the_architecture(device, on_tensor_cores, w
     assert (_tile(plan) == (16, 16, 1)) == on_tensor_cores
     if why:
         assert any(why in reason for _, reason in plan.register_skipped), plan.register_skipped
+
+
+def test_wgmma_forward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measured_faster():
+    from cupyattn.plan import FwdMmaConfig, FwdWgmmaConfig
+
+    def cfg(precision, d, device="h200", dtype="float32"):
+        problem = AttentionProblem(dtype, d, d, False, 4, 16, 16, 4096, 4096,
+                                   precision=(precision,) if dtype == "float32" else ())
+        return plan_forward(problem, named_device(device)).config
+
+    # plan._forward_families: wgmma first for "fp32" at head dims <= 64, "tf32" from 128.
+    assert _tile_of(cfg("fp32", 64)) == ("wgmma", (256, 32, 16))
+    assert _tile_of(cfg("tf32", 128)) == ("wgmma", (256, 32, 16))
+    assert _tile_of(cfg("tf32", 256)) == ("wgmma", (128, 16, 8))
+    assert _tile_of(cfg("fp32", 256)) == ("wgmma", (64, 16, 4))  # mma.sync spills there: before FFMA
+    assert isinstance(cfg("fp32", 128), FwdMmaConfig) and not isinstance(cfg("fp32", 128), FwdWgmmaConfig)
+    assert not isinstance(cfg("tf32", 64), FwdWgmmaConfig)
+    # Never off sm_90 (wgmma is sm_90a's), never for half-precision operands.
+    for device in ("a100", "rtx4090", "b200", "rtx5090"):
+        assert not isinstance(cfg("tf32", 128, device), FwdWgmmaConfig)
+    assert not isinstance(cfg("bf16", 128), FwdWgmmaConfig)
+    assert not isinstance(cfg(None, 128, dtype="float16"), FwdWgmmaConfig)
+
+
+def _tile_of(cfg):
+    from cupyattn.plan import FwdWgmmaConfig
+
+    kind = "wgmma" if isinstance(cfg, FwdWgmmaConfig) else type(cfg).__name__
+    return kind, (cfg.block_m, cfg.block_n, cfg.num_warps)
+
+
+def test_wgmma_forward_layout_holds_tf32_parts_and_raw_staging():
+    from cupyattn.compile import target_arch
+    from cupyattn.plan import FwdWgmmaConfig
+
+    fp32 = FwdWgmmaConfig("float32", "fp32", 128, 128, 32, 8, False)
+    tf32 = FwdWgmmaConfig("float32", "tf32", 128, 128, 32, 8, False)
+    lay = fp32.layout
+    assert [b.name for b in lay] == ["q_tile", "k_tile", "vt_tile", "k_raw", "v_raw"]
+    assert lay["q_tile"].shape == (2, 128, 128) and lay["vt_tile"].shape == (2, 128, 32)
+    assert lay["k_raw"].shape == (32, 132) and "K-major" in lay["vt_tile"].note
+    assert tf32.layout["q_tile"].shape == (1, 128, 128)
+    assert fp32.layout.total == 4 * (2 * 128 * 128 + 2 * 2 * 32 * 128 + 2 * 32 * 132) == 230400
+    assert fp32.valid and not FwdWgmmaConfig("float32", "fp32", 128, 128, 32, 4, False).valid  # 64 rows a warpgroup
+    assert not FwdWgmmaConfig("float32", "bf16", 128, 128, 32, 8, False).valid
+    assert "attn_fwd_wgmma<float, cupyattn::MmaTf32<3>, 128, 128, 32, 8, false>" in fp32.name_expression
+    assert target_arch(fp32, "sm_90") == "sm_90a" and target_arch(fp32, "sm_90a") == "sm_90a"
+    assert FwdWgmmaConfig("float32", "fp32", 64, 256, 64, 16, False).register_reason((9, 0))

@@ -59,6 +59,30 @@ def test_tensor_core_kernels_in_each_precision(precision, D, B, Sq, Sk, causal):
     run_backward_and_check(**shape)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("D", [40, 64, 128, 256])
+@pytest.mark.parametrize("B,Sq,Sk", [(1, 1, 1), (2, 63, 130), (1, 257, 1000)])
+@pytest.mark.parametrize("causal", [False, True, "top_left"])
+def test_wgmma_forward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal, monkeypatch):
+    """The sm_90a wgmma forward wherever it fits (mma.sync's tiles taken away, so the
+    planner cannot prefer them on small problems): head dims padded to 48 (16-column
+    P V products), 64, 128 and 256, one query or key, partial and several K/V tiles."""
+    from cupyattn import plan as P
+
+    spec = current_device()
+    if spec.compute_capability != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU")
+    monkeypatch.setattr(P, "FWD_MMA_TILES", ())
+    P.plan_forward.cache_clear()
+    try:
+        problem = AttentionProblem("float32", D, D, causal, B, 4, 2, Sq, Sk, precision=(precision,))
+        assert isinstance(plan_forward(problem, spec).config, P.FwdWgmmaConfig)
+        run_and_check(B=B, Sq=Sq, Sk=Sk, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
+                      precision=precision, seed=D + Sq + 7)
+    finally:
+        P.plan_forward.cache_clear()
+
+
 def test_a_sequence_of_modes_takes_the_first_on_tensor_cores():
     rng = np.random.default_rng(5)
     q, k, v = (testing.to_device(testing.host_values((1, 70, 2, 64), "float32", rng), "float32")

@@ -1,0 +1,370 @@
+// Forward attention for float32 inputs on Hopper's warpgroup MMA (sm_90a), TF32
+// operands: Op = MmaTf32<3> (3xTF32, float32 accuracy) or MmaTf32<1> (one TF32 pass).
+//
+// Algorithm (FlashAttention-2, as attn_fwd_mma): each warpgroup (4 warps) owns 64
+// query rows; per K/V tile of BLOCK_N keys, S = Q K^T by wgmma with both operands in
+// shared memory, online softmax on the accumulators (base 2, scale folded in), P
+// from the S accumulators as the register A operand of O += P V (wgmma, V from
+// shared memory). TF32 B operands must be K-major, so V is stored transposed.
+//
+// 3xTF32: every operand is split once per block into big = tf32(x) and small = x -
+// big, stored apart in shared memory; a product is small*big + big*small + big*big.
+// The tensor cores truncate their float32 sums, so long chains of them bias results
+// toward zero (mma.cuh): each k-step of S = Q K^T goes to a fresh accumulator that is
+// added to S with a rounded add (two accumulators alternate so the next k-step runs
+// during the add), and P V sums at most 4 k-steps (12 products) per fresh accumulator
+// before its rounded add to O (scripts/tf32_error_model.py --wgmma: within a float32
+// NumPy reference's error). One TF32 pass accumulates straight into S and O.
+//
+// Per K/V tile: wait for its raw float32 copy (cp.async, issued one tile ahead), split
+// it into the TF32 tiles (the whole block), start the next tile's copy, compute.
+//
+// Needs: head_dim == head_dim_v, head_dim % 8 == 0, 16-byte aligned rows.
+// Grid: as attn_fwd_mma. Block: NUM_WARPS = 4 * warpgroups, BLOCK_M = 64 * warpgroups.
+//
+// Shared memory (FwdWgmmaLayout; same names and order as plan.FwdWgmmaConfig.layout),
+// PARTS = 2 (big, small) for 3xTF32, else 1; TF32 tiles in wgmma.cuh's core-matrix order:
+//   q_tile  [PARTS][BLOCK_M x D_PAD]     float
+//   k_tile  [PARTS][BLOCK_N x D_PAD]     float
+//   vt_tile [PARTS][D_PAD x BLOCK_N]     float  V transposed, keys permuted within 8 (below)
+//   k_raw   [BLOCK_N][D_PAD + 4]         float  cp.async staging, rows padded by 16 bytes
+//   v_raw   [BLOCK_N][D_PAD + 4]         float
+#pragma once
+
+#include "mma.cuh"
+#include "simt_tiles.cuh"
+#include "wgmma.cuh"
+
+namespace cupyattn {
+
+template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
+struct FwdWgmmaLayout {
+    static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
+    static constexpr int RAW_STRIDE = D_PAD + 4;  // floats per staging row
+    static constexpr int q_tile = 0;
+    static constexpr int k_tile = q_tile + PARTS * BLOCK_M * D_PAD * 4;
+    static constexpr int vt_tile = k_tile + PARTS * BLOCK_N * D_PAD * 4;
+    static constexpr int k_raw = vt_tile + PARTS * D_PAD * BLOCK_N * 4;
+    static constexpr int v_raw = k_raw + BLOCK_N * RAW_STRIDE * 4;
+    static constexpr int total = v_raw + BLOCK_N * RAW_STRIDE * 4;
+    static constexpr int num_buffers = 5;
+    static constexpr int offsets[num_buffers] = {q_tile, k_tile, vt_tile, k_raw, v_raw};
+};
+
+// 4 consecutive float32 values as TF32 parts: 16 bytes at word `at` of big (and small).
+template <int PASSES>
+__device__ __forceinline__ void store_parts(float* big, float* small, int at, float4 x) {
+    Tf32Words<PASSES, 4> w;
+    w.set(0, x.x);
+    w.set(1, x.y);
+    w.set(2, x.z);
+    w.set(3, x.w);
+    *reinterpret_cast<uint4*>(big + at) = make_uint4(w.big[0], w.big[1], w.big[2], w.big[3]);
+    if constexpr (PASSES == 3)
+        *reinterpret_cast<uint4*>(small + at) = make_uint4(w.small[0], w.small[1], w.small[2], w.small[3]);
+}
+
+__device__ __forceinline__ unsigned pick4(const unsigned (&w)[4], int i) {
+    return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
+}
+
+template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+               float* __restrict__ out, float* __restrict__ lse,
+               long long q_sb, long long q_ss, long long q_sh,
+               long long k_sb, long long k_ss, long long k_sh,
+               long long v_sb, long long v_ss, long long v_sh,
+               long long o_sb, long long o_ss, long long o_sh,
+               int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
+               int head_dim, int head_dim_v, int num_m_tiles,
+               float scale_log2, int causal_offset) {
+    static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_fwd_mma does)");
+    constexpr int PASSES = Op::passes;
+    using L = FwdWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>;
+    constexpr int THREADS = NUM_WARPS * 32;
+    constexpr int N_BLOCKS = BLOCK_N / 8;  // 8-key column blocks of S, the k-steps of P V
+    constexpr int K_STEPS = D_PAD / 8;     // k-steps of Q K^T
+    // O columns per wgmma of P V: the widest that divides the head dim; 3xTF32 sums
+    // into a fresh accumulator of at most 64 columns, one TF32 pass straight into O.
+    constexpr int CN_MAX = PASSES == 3 ? 64 : 128;
+    constexpr int CN = D_PAD % CN_MAX == 0 ? CN_MAX : D_PAD % 64 == 0 ? 64 : D_PAD % 32 == 0 ? 32 : 16;
+    constexpr int O_CHUNKS = D_PAD / CN;
+    constexpr int KG = PASSES == 3 && N_BLOCKS > 4 ? 4 : N_BLOCKS;  // k-steps per fresh P V accumulator
+    static_assert(NUM_WARPS % 4 == 0 && BLOCK_M == 16 * NUM_WARPS, "each warpgroup owns 64 query rows");
+    static_assert(BLOCK_N == 16 || BLOCK_N == 32 || BLOCK_N == 64, "wgmma.cuh has n16, n32, n64");
+    static_assert(D_PAD % 16 == 0 && N_BLOCKS % KG == 0, "tile shape");
+    using WgS = WgmmaTf32<BLOCK_N>;
+    using WgO = WgmmaTf32<CN>;
+
+    extern __shared__ __align__(128) unsigned char smem[];
+    float* q_tile = reinterpret_cast<float*>(smem + L::q_tile);
+    float* k_tile = reinterpret_cast<float*>(smem + L::k_tile);
+    float* vt_tile = reinterpret_cast<float*>(smem + L::vt_tile);
+    float* k_raw = reinterpret_cast<float*>(smem + L::k_raw);
+    float* v_raw = reinterpret_cast<float*>(smem + L::v_raw);
+    constexpr int Q_PART = BLOCK_M * D_PAD, KV_PART = BLOCK_N * D_PAD;  // words per TF32 part
+
+    const int warp = threadIdx.x / 32, wg = warp / 4;
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const QueryBlock qb = query_block<BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
+    const int m0 = qb.m0;
+    q += qb.b * q_sb + qb.h * q_sh + m0 * q_ss;
+    k += qb.b * k_sb + qb.h_kv * k_sh;
+    v += qb.b * v_sb + qb.h_kv * v_sh;
+    out += qb.b * o_sb + qb.h * o_sh + m0 * o_ss;
+    lse += (qb.b * n_heads_q + qb.h) * (long long)seqlen_q + m0;
+
+    const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
+    const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+
+    auto load_raw = [&](int tile) {
+        const int n0 = tile * BLOCK_N;
+        cp_async_tile<float, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(k_raw, k + n0 * k_ss, k_ss, n_end - n0,
+                                                                     head_dim);
+        cp_async_tile<float, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(v_raw, v + n0 * v_ss, v_ss, n_end - n0,
+                                                                     head_dim_v);
+    };
+    if (n_tiles > 0) load_raw(0);
+    cp_async_commit();
+
+    // Q, once: chunk i (4 columns of one row) lands at word 4i of the core-matrix tile,
+    // rows fastest within 8-row groups (wgmma.cuh), zeros outside the problem.
+#pragma unroll 1
+    for (int i = threadIdx.x; i < BLOCK_M * D_PAD / 4; i += THREADS) {
+        const int r = (i / 8) % (BLOCK_M / 8) * 8 + i % 8, c = i / BLOCK_M * 4;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < seqlen_q - m0 && c < head_dim) x = *reinterpret_cast<const float4*>(q + r * q_ss + c);
+        store_parts<PASSES>(q_tile, q_tile + Q_PART, 4 * i, x);
+    }
+
+    float o_acc[O_CHUNKS][CN / 8][4];
+#pragma unroll
+    for (int c = 0; c < O_CHUNKS; ++c)
+#pragma unroll
+        for (int j = 0; j < CN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[c][j][e] = 0.0f;
+    float m_run[2] = {CUPYATTN_NEG_INF, CUPYATTN_NEG_INF}, l_run[2] = {0.0f, 0.0f};  // rows g, g + 8
+    const int wg_row0 = m0 + wg * 64;
+    const int warp_row0 = wg_row0 + (warp % 4) * 16;
+    const unsigned q_addr = wg_smem_addr(q_tile) + wg * 8 * 128;  // the warpgroup's 8 row groups
+    const unsigned k_addr = wg_smem_addr(k_tile), vt_addr = wg_smem_addr(vt_tile);
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        cp_async_wait<0>();
+        __syncthreads();  // the raw tile is in; every warpgroup is done with the last TF32 tiles
+
+        // K as TF32 parts, chunk i at word 4i (as Q above): raw rows r..r+7 of one column
+        // chunk per 8 lanes, 16 bytes apart in banks (padded rows), 128 contiguous bytes out.
+#pragma unroll 1
+        for (int i = threadIdx.x; i < BLOCK_N * D_PAD / 4; i += THREADS) {
+            const int r = (i / 8) % (BLOCK_N / 8) * 8 + i % 8, c = i / BLOCK_N * 4;
+            store_parts<PASSES>(k_tile, k_tile + KV_PART, 4 * i,
+                                *reinterpret_cast<const float4*>(k_raw + r * L::RAW_STRIDE + c));
+        }
+        // V^T as TF32 parts: element (d, k') with k' the key's slot in the order P's
+        // register A operand takes keys (mma.cuh, MmaTf32: within 8 keys, slot t holds key
+        // 2t and slot t + 4 key 2t + 1). A lane reads 4 columns d of one key and writes them
+        // to 4 rows of V^T, starting at row (e + s) % 4 so that a warp's stores hit 32 banks.
+#pragma unroll 1
+        for (int i = threadIdx.x; i < BLOCK_N * D_PAD / 4; i += THREADS) {
+            const int key8 = i % 8, c_lo = (i / 8) % 4, rest = i / 32;
+            const int key = rest % N_BLOCKS * 8 + key8, cc = rest / N_BLOCKS * 4 + c_lo;
+            const int slot = rest % N_BLOCKS * 8 + (key8 % 2) * 4 + key8 / 2;
+            const float4 x = *reinterpret_cast<const float4*>(v_raw + key * L::RAW_STRIDE + 4 * cc);
+            Tf32Words<PASSES, 4> w;
+            w.set(0, x.x);
+            w.set(1, x.y);
+            w.set(2, x.z);
+            w.set(3, x.w);
+            const int s = key8 % 2 + 2 * ((c_lo / 2) % 2);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int idx = (e + s) % 4;
+                const int at = core_offset<D_PAD>(4 * cc + idx, slot);
+                reinterpret_cast<unsigned*>(vt_tile)[at] = pick4(w.big, idx);
+                if constexpr (PASSES == 3) reinterpret_cast<unsigned*>(vt_tile + KV_PART)[at] = pick4(w.small, idx);
+            }
+        }
+        fence_proxy_async();
+        __syncthreads();  // TF32 tiles written (and visible to wgmma); the raw tiles are free
+        if (tile + 1 < n_tiles) load_raw(tile + 1);
+        cp_async_commit();
+
+        const int n0 = tile * BLOCK_N;
+        // Causal: a warpgroup whose last row precedes this tile's first key has nothing to add.
+        if (CAUSAL && n0 > wg_row0 + 63 + causal_offset) continue;
+
+        // S = Q K^T.
+        float s[N_BLOCKS][4];
+#pragma unroll
+        for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+        if constexpr (PASSES == 3) {
+            float step[2][N_BLOCKS][4];  // k-steps alternate between two fresh accumulators
+#pragma unroll
+            for (int ks = 0; ks < K_STEPS; ++ks) {
+                const unsigned qa = q_addr + ks * 2 * (BLOCK_M / 8) * 128;
+                const unsigned ka = k_addr + ks * 2 * (BLOCK_N / 8) * 128;
+                const auto q_big = wgmma_desc<BLOCK_M>(qa), q_small = wgmma_desc<BLOCK_M>(qa + Q_PART * 4);
+                const auto k_big = wgmma_desc<BLOCK_N>(ka), k_small = wgmma_desc<BLOCK_N>(ka + KV_PART * 4);
+                wgmma_fence();
+                WgS::template ss<false>(step[ks % 2], q_small, k_big);
+                WgS::template ss<true>(step[ks % 2], q_big, k_small);
+                WgS::template ss<true>(step[ks % 2], q_big, k_big);
+                wgmma_commit();
+                if (ks > 0) {
+                    wgmma_wait<1>();
+                    fence_operand(step[(ks + 1) % 2]);
+#pragma unroll
+                    for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) s[j][e] += step[(ks + 1) % 2][j][e];
+                }
+            }
+            wgmma_wait<0>();
+            fence_operand(step[(K_STEPS - 1) % 2]);
+#pragma unroll
+            for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[j][e] += step[(K_STEPS - 1) % 2][j][e];
+        } else {
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < K_STEPS; ++ks) {
+                const auto qa = wgmma_desc<BLOCK_M>(q_addr + ks * 2 * (BLOCK_M / 8) * 128);
+                const auto kb = wgmma_desc<BLOCK_N>(k_addr + ks * 2 * (BLOCK_N / 8) * 128);
+                if (ks == 0)
+                    WgS::template ss<false>(s, qa, kb);
+                else
+                    WgS::template ss<true>(s, qa, kb);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_operand(s);
+        }
+
+        // Online softmax, as attn_fwd_mma; masks only where the tile reaches past the
+        // sequence end or the warp's causal diagonal.
+        const bool needs_mask = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = warp_row0 + g + half * 8;
+            float row_max = CUPYATTN_NEG_INF;
+#pragma unroll
+            for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[j][half * 2 + e];
+                    const int col = n0 + j * 8 + 2 * t + e;
+                    const bool visible = !needs_mask || (col < seqlen_k && (!CAUSAL || col <= row + causal_offset));
+                    x = visible ? x * scale_log2 : CUPYATTN_NEG_INF;
+                    row_max = fmaxf(row_max, x);
+                }
+            row_max = group_max<4>(row_max);
+            const float m_new = fmaxf(m_run[half], row_max);
+            const float base = m_new == CUPYATTN_NEG_INF ? 0.0f : m_new;
+            const float alpha = exp2f(m_run[half] - base);
+            float row_sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[j][half * 2 + e];
+                    x = exp2f(x - base);
+                    row_sum += x;
+                }
+            l_run[half] = l_run[half] * alpha + group_sum<4>(row_sum);
+            m_run[half] = m_new;
+#pragma unroll
+            for (int c = 0; c < O_CHUNKS; ++c)
+#pragma unroll
+                for (int j = 0; j < CN / 8; ++j) {
+                    o_acc[c][j][half * 2] *= alpha;
+                    o_acc[c][j][half * 2 + 1] *= alpha;
+                }
+        }
+
+        // O += P V: P's register A operand per 8-key k-step (keys permuted as V^T's slots).
+        Tf32Words<PASSES, 4> p[N_BLOCKS];
+#pragma unroll
+        for (int kb = 0; kb < N_BLOCKS; ++kb) {
+            p[kb].set(0, s[kb][0]);
+            p[kb].set(1, s[kb][2]);
+            p[kb].set(2, s[kb][1]);
+            p[kb].set(3, s[kb][3]);
+        }
+        if constexpr (PASSES == 3) {
+#pragma unroll
+            for (int c = 0; c < O_CHUNKS; ++c)
+#pragma unroll
+                for (int k0 = 0; k0 < N_BLOCKS; k0 += KG) {
+                    float part[CN / 8][4];
+                    wgmma_fence();
+#pragma unroll
+                    for (int kb = k0; kb < k0 + KG; ++kb) {
+                        // V^T core matrix (slot kb * 8 / 4, row c * CN / 8).
+                        const unsigned va = vt_addr + ((kb * 2) * (D_PAD / 8) + c * CN / 8) * 128;
+                        const auto v_big = wgmma_desc<D_PAD>(va), v_small = wgmma_desc<D_PAD>(va + KV_PART * 4);
+                        if (kb == k0)
+                            WgO::template rs<false>(part, p[kb].small, v_big);
+                        else
+                            WgO::template rs<true>(part, p[kb].small, v_big);
+                        WgO::template rs<true>(part, p[kb].big, v_small);
+                        WgO::template rs<true>(part, p[kb].big, v_big);
+                    }
+                    wgmma_commit();
+                    wgmma_wait<0>();
+#pragma unroll
+                    for (int kb = k0; kb < k0 + KG; ++kb) {
+                        fence_operand(p[kb].big);
+                        fence_operand(p[kb].small);
+                    }
+                    fence_operand(part);
+#pragma unroll
+                    for (int j = 0; j < CN / 8; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) o_acc[c][j][e] += part[j][e];
+                }
+        } else {  // one pass: the tensor cores add into O (already scaled by alpha)
+            wgmma_fence();
+#pragma unroll
+            for (int c = 0; c < O_CHUNKS; ++c)
+#pragma unroll
+                for (int kb = 0; kb < N_BLOCKS; ++kb)
+                    WgO::template rs<true>(o_acc[c], p[kb].big,
+                                           wgmma_desc<D_PAD>(vt_addr + ((kb * 2) * (D_PAD / 8) + c * CN / 8) * 128));
+            wgmma_commit();
+            wgmma_wait<0>();
+#pragma unroll
+            for (int kb = 0; kb < N_BLOCKS; ++kb) fence_operand(p[kb].big);
+#pragma unroll
+            for (int c = 0; c < O_CHUNKS; ++c) fence_operand(o_acc[c]);
+        }
+    }
+    cp_async_wait<0>();
+
+    // O /= l; rows that saw no key get O = 0 and lse = -inf.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = wg * 64 + (warp % 4) * 16 + g + half * 8;
+        if (m0 + r >= seqlen_q) continue;
+        const float l = l_run[half];
+        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+        for (int c = 0; c < O_CHUNKS; ++c)
+#pragma unroll
+            for (int j = 0; j < CN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int d = c * CN + j * 8 + 2 * t + e;
+                    if (d < head_dim_v) out[r * o_ss + d] = o_acc[c][j][half * 2 + e] * inv_l;
+                }
+        if (t == 0) lse[r] = l > 0.0f ? (m_run[half] + log2f(l)) * LN2 : CUPYATTN_NEG_INF;
+    }
+}
+
+}  // namespace cupyattn

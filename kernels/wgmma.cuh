@@ -1,0 +1,116 @@
+// Hopper warpgroup MMA (sm_90a only: compiled with -arch=sm_90a), TF32 operands,
+// float32 accumulators: wgmma.mma_async m64nNk8, A from shared memory (SS) or from
+// registers (RS), B from shared memory, asynchronous (commit / wait groups).
+//
+// Shared-memory operand layout (no swizzle; scripts/wgmma_probe.py measured it on
+// the H200): a tile of R rows (R % 8 == 0) and K-major columns is stored as 8-row x
+// 4-word "core matrices" of 128 contiguous bytes, row-group fastest:
+//   element (r, k) at word ((k / 4) * (R / 8) + r / 8) * 32 + (r % 8) * 4 + k % 4.
+// The descriptor of the k-step at column kk (a multiple of 8) points at core matrix
+// (kk / 4, 0); its leading byte offset is the step to the next 4 columns, (R / 8) *
+// 128, and its stride byte offset the step to the next 8 rows, 128.
+//
+// Accumulator layout (m64nN, N / 2 registers per lane, as float d[N / 8][4]): warp w
+// of the warpgroup holds rows 16w..16w+15, d[j][e] of lane (g, t) is row g + 8 (e / 2),
+// column 8j + 2t + e % 2 - mma.sync's m16n8 C layout per 8 columns. A from registers
+// (4 words per lane) is mma.sync's m16n8k8 TF32 A layout: rows g, g + 8, columns t, t + 4.
+//
+// The compiler does not know that an asynchronous wgmma still reads and writes its
+// registers after the instruction issues: fence_operand() after wgmma_wait pins
+// accumulators and register A operands so that nothing touches them in between.
+#pragma once
+
+#include "common.cuh"
+
+namespace cupyattn {
+
+__device__ __forceinline__ unsigned wg_smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// Word offset of element (r, k) of an R-row core-matrix tile (see above).
+template <int R>
+__host__ __device__ constexpr int core_offset(int r, int k) {
+    return ((k / 4) * (R / 8) + r / 8) * 32 + (r % 8) * 4 + k % 4;
+}
+
+// Descriptor of the 8-column k-step of an R-row tile whose core matrix (kk / 4, 0)
+// is at shared address `addr` (bytes): no swizzle, so bits 62-63 stay 0.
+template <int R>
+__device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr) {
+    constexpr unsigned long long LEADING = (R / 8) * 128, STRIDE = 128;
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((LEADING >> 4) << 16) | ((STRIDE >> 4) << 32);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// Generic-proxy shared-memory stores become visible to wgmma's (async proxy) reads.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+template <int NB>
+__device__ __forceinline__ void fence_operand(float (&d)[NB][4]) {
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+template <int NW>
+__device__ __forceinline__ void fence_operand(unsigned (&w)[NW]) {
+#pragma unroll
+    for (int i = 0; i < NW; ++i) asm volatile("" : "+r"(w[i])::"memory");
+}
+
+#define CUPYATTN_ACC8(d, j)                                                                            \
+    "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3]), "+f"(d[j + 1][0]), "+f"(d[j + 1][1]), \
+        "+f"(d[j + 1][2]), "+f"(d[j + 1][3])
+#define CUPYATTN_REGS8 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define CUPYATTN_REGS16 CUPYATTN_REGS8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define CUPYATTN_REGS32 \
+    CUPYATTN_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define CUPYATTN_REGS64 \
+    CUPYATTN_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
+// d (+)= A B^T, m64nNk8, TF32. ACCUMULATE = false overwrites d (scale-d = 0).
+template <int N> struct WgmmaTf32;
+
+#define CUPYATTN_WGMMA_TF32(N, REGS, NEXT_SS_A, NEXT_SS_B, NEXT_SS_P, RS_A, NEXT_RS_B, NEXT_RS_P, ...)        \
+    template <> struct WgmmaTf32<N> {                                                                         \
+        template <bool ACCUMULATE>                                                                            \
+        __device__ static void ss(float (&d)[N / 8][4], unsigned long long a, unsigned long long b) {         \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " NEXT_SS_P ", 0;\n"                               \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" REGS "}, " NEXT_SS_A     \
+                         ", " NEXT_SS_B ", p, 1, 1;\n}\n"                                                     \
+                         : __VA_ARGS__                                                                        \
+                         : "l"(a), "l"(b), "n"((int)ACCUMULATE));                                             \
+        }                                                                                                     \
+        template <bool ACCUMULATE>                                                                            \
+        __device__ static void rs(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) {       \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " NEXT_RS_P ", 0;\n"                               \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" REGS "}, {" RS_A "}, "   \
+                         NEXT_RS_B ", p, 1, 1;\n}\n"                                                          \
+                         : __VA_ARGS__                                                                        \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"((int)ACCUMULATE));         \
+        }                                                                                                     \
+    };
+
+CUPYATTN_WGMMA_TF32(16, CUPYATTN_REGS8, "%8", "%9", "%10", "%8, %9, %10, %11", "%12", "%13",
+                    CUPYATTN_ACC8(d, 0))
+CUPYATTN_WGMMA_TF32(32, CUPYATTN_REGS16, "%16", "%17", "%18", "%16, %17, %18, %19", "%20", "%21",
+                    CUPYATTN_ACC8(d, 0), CUPYATTN_ACC8(d, 2))
+CUPYATTN_WGMMA_TF32(64, CUPYATTN_REGS32, "%32", "%33", "%34", "%32, %33, %34, %35", "%36", "%37",
+                    CUPYATTN_ACC8(d, 0), CUPYATTN_ACC8(d, 2), CUPYATTN_ACC8(d, 4), CUPYATTN_ACC8(d, 6))
+CUPYATTN_WGMMA_TF32(128, CUPYATTN_REGS64, "%64", "%65", "%66", "%64, %65, %66, %67", "%68", "%69",
+                    CUPYATTN_ACC8(d, 0), CUPYATTN_ACC8(d, 2), CUPYATTN_ACC8(d, 4), CUPYATTN_ACC8(d, 6),
+                    CUPYATTN_ACC8(d, 8), CUPYATTN_ACC8(d, 10), CUPYATTN_ACC8(d, 12), CUPYATTN_ACC8(d, 14))
+
+#undef CUPYATTN_WGMMA_TF32
+#undef CUPYATTN_REGS64
+#undef CUPYATTN_REGS32
+#undef CUPYATTN_REGS16
+#undef CUPYATTN_REGS8
+#undef CUPYATTN_ACC8
+
+}  // namespace cupyattn
