@@ -740,21 +740,24 @@ BWD_DQ_MMA_TILES = (
 
 # wgmma forward (float32 "fp32" / "tf32" on sm_90): a warpgroup owns 64 query rows, so
 # block_m = 16 * num_warps. More warpgroups per SM is what pays (the kernel waits on its
-# wgmma groups and per-tile TF32 split). Measured on the H200 (`tune_tiles.py --dtype
-# float32 --precision fp32|tf32 --families wgmma`, B=4, H=16, S=4096, not causal, ms):
-# fp32 D=64 (256,32,16) 4.30 < (192,64,12) 4.48 < (192,32,12) 5.28 < (128,64,8) 5.87;
-# D=128 (128,32,8) 11.81 < (128,16,8) 14.55 (12 warps do not fit: Q takes two TF32
-# parts); D=256 (64,16,4) 59.9 (alone). tf32 D=64 (256,32,16) 2.83 ~ (192,32,12) 2.85 <
-# (192,64,12) 2.94 < (128,64,8) 3.00; D=128 (256,32,16) 4.40 < (192,64,12) 4.62 <
-# (192,32,12) 5.40; D=256 (128,16,8) 15.7 < (64,32,4) 33.2.
+# wgmma groups and on the per-tile TF32 split). Measured on the H200 (`tune_tiles.py
+# --dtype float32 --precision fp32|tf32 --families wgmma`, B=4, H=16, S=4096, not
+# causal, ms): fp32 D=64 (256,32,16) 4.30 < (192,64,12) 4.46 < (192,32,12) 5.31 <
+# (128,64,8) 5.82 < (256,16,16) 5.97 < (128,16,8) 6.31 < (128,32,8) 6.57 < (192,16,12)
+# 6.92 < (64,32,4) 8.85 < (64,16,4) 8.90 < (64,64,4) 13.50; D=128 (128,32,8) 11.81 <
+# (128,16,8) 14.55 < (64,16,4) 19.10 < (64,32,4) 27.19 (more warps do not fit: Q takes
+# two TF32 parts); D=256 (64,16,4) 59.85 (alone). tf32 D=128 (256,32,16) 4.15 <
+# (192,64,12) 4.49 < (192,32,12) 5.15 < (256,16,16) 5.45 < (128,16,8) 6.56 ~ (128,64,8)
+# 6.57 < (192,16,12) 6.75 < (128,32,8) 7.37 < (64,16,4) 10.07 < (64,32,4) 10.76 <
+# (64,64,4) 16.53; D=256 (128,16,8) 15.62 < (64,32,4) 33.10 < (64,16,4) 36.73.
 FWD_WGMMA_TILES = (
     (256, 32, 16),
     (192, 64, 12),
     (192, 32, 12),
     (128, 64, 8),
-    (128, 32, 8),
-    (128, 16, 8),
     (256, 16, 16),
+    (128, 16, 8),
+    (128, 32, 8),
     (192, 16, 12),
     (64, 32, 4),
     (64, 16, 4),
@@ -765,11 +768,11 @@ FWD_WGMMA_TILES = (
 def _forward_families(precision: str, head_dim_pad: int) -> tuple:
     """The forward's tensor-core kernel families in preference order. The wgmma kernel
     goes first where it measured faster than mma.sync's best tile on the H200 (same
-    command as FWD_WGMMA_TILES; mma.sync with FWD_WGMMA_TILES emptied, ms): "fp32" D=64
-    4.30 vs 5.53; "tf32" D=128 4.40 vs 5.19 and D=256 15.7 vs 17.0. Behind mma.sync
-    elsewhere ("fp32" D=128 11.81 vs 11.57, "tf32" D=64 2.83 vs 2.35), where it still
-    runs before the CUDA cores would: "fp32" at D=256, where every mma.sync tile spills,
-    59.9 ms vs FFMA 85.6."""
+    command as FWD_WGMMA_TILES; mma.sync's best from the same session's run with the wgmma
+    tiles emptied, ms): "fp32" D=64 4.30 vs 5.53; "tf32" D=128 4.15 vs 5.19 and D=256
+    15.62 vs 16.99. Behind mma.sync elsewhere ("fp32" D=128 11.81 vs 11.57, "tf32" D=64
+    2.83 vs 2.35), where it still runs before the CUDA cores would: "fp32" at D=256, where
+    every mma.sync tile spills, 59.85 ms vs FFMA 85.59."""
     wgmma_first = head_dim_pad <= 64 if precision == "fp32" else head_dim_pad >= 128
     wgmma, mma = (FwdWgmmaConfig, FWD_WGMMA_TILES), (FwdMmaConfig, FWD_MMA_TILES)
     return (wgmma, mma) if wgmma_first else (mma, wgmma)

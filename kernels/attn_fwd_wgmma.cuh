@@ -13,11 +13,14 @@
 // toward zero (mma.cuh): each k-step of S = Q K^T goes to a fresh accumulator that is
 // added to S with a rounded add (two accumulators alternate so the next k-step runs
 // during the add), and P V sums at most 4 k-steps (12 products) per fresh accumulator
-// before its rounded add to O (scripts/tf32_error_model.py --wgmma: within a float32
-// NumPy reference's error). One TF32 pass accumulates straight into S and O.
+// before its rounded add to O (scripts/tf32_error_model.py, its wgmma column: 0.6-1.0x
+// a float32 NumPy reference's error at head dims 64-256; a chain of 3 * D / 8 products
+// through S, 3.4-4.7x). One TF32 pass accumulates straight into S and O.
 //
 // Per K/V tile: wait for its raw float32 copy (cp.async, issued one tile ahead), split
-// it into the TF32 tiles (the whole block), start the next tile's copy, compute.
+// it into the TF32 tiles (the whole block), start the next tile's copy, compute. (Two
+// TF32 stages, splitting tile j + 1 between the wgmma groups of tile j, measured 6-35%
+// slower on the H200: BENCHMARKS.md, sixth session.)
 //
 // Needs: head_dim == head_dim_v, head_dim % 8 == 0, 16-byte aligned rows.
 // Grid: as attn_fwd_mma. Block: NUM_WARPS = 4 * warpgroups, BLOCK_M = 64 * warpgroups.

@@ -1,5 +1,6 @@
 """A reduced suite for compute-sanitizer: every kernel family once per dtype (float32
-in each precision mode: 3xTF32, TF32, bfloat16- and float16-staged), causal and not, odd sizes (1, tile - 1, tile + 1, Sq != Sk), GQA, strided views, with
+in each precision mode: 3xTF32, TF32, bfloat16- and float16-staged; the wgmma forward
+on sm_90), causal and not, odd sizes (1, tile - 1, tile + 1, Sq != Sk), GQA, strided views, with
 CuPy's memory pool disabled so an out-of-bounds access lands outside any allocation.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_cases.py
@@ -43,8 +44,39 @@ def main():
             qs = cupy.concatenate([raw, raw], axis=2)[:, :, :Hq].view(q.dtype)
             cupyattn.attention(qs, k, v, causal=causal, precision=precision)
             n += 1
+    n_wgmma = _wgmma_forward(rng)
     cupy.cuda.Device().synchronize()
-    print(f"sanitize cases: {n} shapes x (forward, backward, strided forward) ran")
+    print(f"sanitize cases: {n} shapes x (forward, backward, strided forward) ran, "
+          f"{n_wgmma} wgmma forwards")
+
+
+def _wgmma_forward(rng) -> int:
+    """The sm_90a wgmma forward (float32 "fp32" / "tf32") at the cases it can take (33 or
+    more query rows), with mma.sync's tiles out of the way: these small problems would
+    otherwise plan mma.sync's smaller tiles."""
+    from cupyattn import plan as P
+    from cupyattn.device import current_device
+
+    if current_device().compute_capability != (9, 0):
+        return 0
+    saved, P.FWD_MMA_TILES = P.FWD_MMA_TILES, ()
+    P.plan_forward.cache_clear()
+    n = 0
+    try:
+        for precision in ("fp32", "tf32"):
+            for B, Sq, Sk, Hq, Hkv, D, causal in CASES + [(1, 70, 31, 1, 1, 256, False)]:
+                if Sq < 33:
+                    continue
+                q, k, v = (testing.to_device(testing.host_values(shape, "float32", rng), "float32") for shape in
+                           ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D)))
+                problem = P.AttentionProblem("float32", D, D, causal, B, Hq, Hkv, Sq, Sk, precision=precision)
+                assert isinstance(P.plan_forward(problem, current_device()).config, P.FwdWgmmaConfig)
+                cupyattn.attention(q, k, v, causal=causal, precision=precision)
+                n += 1
+    finally:
+        P.FWD_MMA_TILES = saved
+        P.plan_forward.cache_clear()
+    return n
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from test_forward_gpu import run_and_check
 import cupyattn
 from cupyattn import testing
 from cupyattn.device import current_device
-from cupyattn.plan import PRECISIONS, AttentionProblem, MmaConfig, plan_backward, plan_forward
+from cupyattn.plan import (FWD_WGMMA_TILES, PRECISIONS, AttentionProblem, MmaConfig, plan_backward,
+                           plan_forward)
 from cupyattn.reference import attention_backward_reference, attention_reference
 
 pytestmark = pytest.mark.gpu
@@ -61,12 +62,13 @@ def test_tensor_core_kernels_in_each_precision(precision, D, B, Sq, Sk, causal):
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
 @pytest.mark.parametrize("D", [40, 64, 128, 256])
-@pytest.mark.parametrize("B,Sq,Sk", [(1, 1, 1), (2, 63, 130), (1, 257, 1000)])
+@pytest.mark.parametrize("B,Sq,Sk", [(1, 33, 1), (2, 63, 130), (1, 257, 1000)])
 @pytest.mark.parametrize("causal", [False, True, "top_left"])
 def test_wgmma_forward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal, monkeypatch):
     """The sm_90a wgmma forward wherever it fits (mma.sync's tiles taken away, so the
     planner cannot prefer them on small problems): head dims padded to 48 (16-column
-    P V products), 64, 128 and 256, one query or key, partial and several K/V tiles."""
+    P V products), 64, 128 and 256, one key, partial and several K/V tiles. (Query
+    tiles stay under twice the query length, so a warpgroup's 64 rows need 33 or more.)"""
     from cupyattn import plan as P
 
     spec = current_device()
@@ -79,6 +81,33 @@ def test_wgmma_forward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal,
         assert isinstance(plan_forward(problem, spec).config, P.FwdWgmmaConfig)
         run_and_check(B=B, Sq=Sq, Sk=Sk, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
                       precision=precision, seed=D + Sq + 7)
+    finally:
+        P.plan_forward.cache_clear()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("D", [40, 64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tile", FWD_WGMMA_TILES, ids=[f"{m}x{n}x{w}" for m, n, w in FWD_WGMMA_TILES])
+def test_wgmma_forward_in_every_planned_tile(precision, D, causal, tile, monkeypatch):
+    """Each wgmma tile of the planner's list (4 to 16 warps) where it fits, on a problem
+    of several query and key tiles, the last of each partial."""
+    from cupyattn import plan as P
+
+    spec = current_device()
+    if spec.compute_capability != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU")
+    cfg = P.FwdWgmmaConfig("float32", precision, (D + 15) // 16 * 16, *tile, causal)
+    if cfg.layout.total > spec.smem_per_block_optin or cfg.register_reason(spec.compute_capability):
+        pytest.skip(f"{cfg.name_expression} is not planned on this GPU (shared memory or registers)")
+    monkeypatch.setattr(P, "FWD_MMA_TILES", ())
+    monkeypatch.setattr(P, "FWD_WGMMA_TILES", (tile,))
+    P.plan_forward.cache_clear()
+    try:
+        problem = AttentionProblem("float32", D, D, causal, 1, 2, 1, 300, 333, precision=(precision,))
+        assert plan_forward(problem, spec).config == cfg
+        run_and_check(B=1, Sq=300, Sk=333, Hq=2, Hkv=1, D=D, Dv=D, dtype="float32", causal=causal,
+                      precision=precision, seed=D + sum(tile))
     finally:
         P.plan_forward.cache_clear()
 
