@@ -19,8 +19,8 @@
 //
 // Per K/V tile: wait for its raw float32 copy (cp.async, issued one tile ahead), split
 // it into the TF32 tiles (the whole block), start the next tile's copy, compute. (Two
-// TF32 stages, splitting tile j + 1 between the wgmma groups of tile j, measured 6-35%
-// slower on the H200: BENCHMARKS.md, sixth session.)
+// TF32 stages, splitting tile j + 1 between the wgmma groups of tile j, measured 7-75%
+// slower on the H200, every tile: BENCHMARKS.md, sixth session.)
 //
 // Needs: head_dim == head_dim_v, head_dim % 8 == 0, 16-byte aligned rows.
 // Grid: as attn_fwd_mma. Block: NUM_WARPS = 4 * warpgroups, BLOCK_M = 64 * warpgroups.

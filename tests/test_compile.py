@@ -221,3 +221,37 @@ def test_wgmma_tf32_probe_compiles_for_sm_90a():
     assert "HGMMA.64x64x8.F32.TF32" in text
     with pytest.raises(cc.CompileError):
         wgmma_probe.compile_cubin("sm_90")
+
+
+def test_wgmma_kernels_load_from_a_cubin_compiled_once_for_sm_90a(monkeypatch, tmp_path):
+    """get_kernel's path for an architecture-specific target (RawModule adds its own
+    -arch): NVRTC for sm_90a, the CUBIN and its lowered name kept in CUPY_CACHE_DIR, a
+    second load (another process) reads them without compiling."""
+    import types
+
+    cupy = pytest.importorskip("cupy")
+    loaded, compiles = [], []
+
+    class FakeModule:
+        def __init__(self, path):
+            loaded.append(Path(path).read_bytes())
+
+        def get_function(self, name):
+            return types.SimpleNamespace(name=name)
+
+    compile_only = cc._compile_only.__wrapped__
+
+    def counting(*args):
+        compiles.append(args[1])
+        return compile_only(*args)
+
+    monkeypatch.setattr(cupy, "RawModule", FakeModule)
+    monkeypatch.setattr(cc, "_compile_only", counting)
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    cfg = FwdWgmmaConfig("float32", "tf32", 64, 128, 32, 8, False)
+    first = cc._load_arch_specific(cfg, named_device("h100"))
+    second = cc._load_arch_specific(cfg, named_device("h200"))
+    assert compiles == ["sm_90a"]  # once, for the architecture-specific target
+    assert first.name == second.name and first.name.startswith("_Z")  # the lowered (mangled) name
+    assert loaded[0] == loaded[1] and loaded[0][:4] == b"\x7fELF"  # the CUBIN
+    assert len(list(tmp_path.glob("cupyattn_*.cubin"))) == 1
