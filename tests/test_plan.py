@@ -387,3 +387,5 @@ def test_wgmma_forward_layout_holds_tf32_parts_and_raw_staging():
     assert "attn_fwd_wgmma<float, cupyattn::MmaTf32<3>, 128, 128, 32, 8, false>" in fp32.name_expression
     assert target_arch(fp32, "sm_90") == "sm_90a" and target_arch(fp32, "sm_90a") == "sm_90a"
     assert FwdWgmmaConfig("float32", "fp32", 64, 256, 64, 16, False).register_reason((9, 0))
+    plan = plan_forward(AttentionProblem("float32", 64, 64, False, 4, 16, 16, 4096, 4096), named_device("h200"))
+    assert "warpgroup MMA (wgmma, sm_90a)" in plan.describe() and "vt_tile" in plan.describe()
