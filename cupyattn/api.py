@@ -11,7 +11,8 @@ import numpy as np
 
 from .compile import get_kernel
 from .device import current_device, smem_limit_from_env
-from .plan import CXX_TYPES, MAX_HEAD_DIM, AttentionProblem, parse_precision, plan_backward, plan_forward
+from .plan import (CXX_TYPES, MAX_HEAD_DIM, AttentionProblem, MmaConfig, parse_precision, plan_backward,
+                   plan_forward)
 from .reference import causal_offset as _causal_offset
 
 LAYOUTS = ("bshd", "bhsd")
@@ -104,6 +105,36 @@ def _ptr(x):
 
 def _zero_fill(x):
     x.view(f"u{x.itemsize}").fill(0)  # all-zero bits are 0.0 in every supported dtype
+
+
+def round_operand(x, mode: str):
+    """``x`` (a float32 CuPy array) rounded as the tensor cores' operands of ``mode``
+    are: "tf32" to nearest, ties away (cvt.rna), "bf16" / "fp16" to nearest even; a new
+    C-contiguous float32 array (non-finite values kept). reference.round_to is the NumPy
+    twin the tests hold it to."""
+    import cupy
+
+    if mode == "fp16":
+        return x.astype(cupy.float16).astype(cupy.float32)
+    bits = cupy.ascontiguousarray(x).view(cupy.uint32)
+    if mode == "tf32":
+        rounded = (bits + cupy.uint32(0x1000)) & cupy.uint32(0xFFFFE000)
+    elif mode == "bf16":
+        rounded = (bits + cupy.uint32(0x7FFF) + ((bits >> 16) & cupy.uint32(1))) & cupy.uint32(0xFFFF0000)
+    else:
+        raise ValueError(f"mode: expected tf32, bf16 or fp16, got {mode!r}")
+    return cupy.where(cupy.isfinite(x), rounded.view(cupy.float32), x)
+
+
+def _operands_for(plan, arrays):
+    """The arrays a launch of ``plan`` reads: as given, but for a CUDA-core (FFMA) pass in
+    a mode that rounds operands ("tf32", "bf16", "fp16"), rounded copies, so that it sees
+    the scores a tensor-core pass of that mode does: a backward's P = exp(s - lse) takes
+    the forward's lse, and a forward on tensor cores with a backward pass on CUDA cores
+    (or the reverse) would otherwise mix scores of two precisions."""
+    if plan.problem.dtype != "float32" or plan.precision == "fp32" or isinstance(plan.config, MmaConfig):
+        return arrays
+    return tuple(round_operand(x, plan.precision) for x in arrays)
 
 
 def _parse_scale(scale, head_dim: int) -> float:
@@ -286,10 +317,11 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
         plan = plan_forward(call.problem(out), spec)
         cfg = plan.config
         os_ = call.bshd(out)
+        qs, ks, vs = _operands_for(plan, (call.qs, call.ks, call.vs))
         num_m_tiles = -(-call.Sq // cfg.block_m)
         _launch(cfg, spec, num_m_tiles * call.B * call.Hq, "q", (
-            _ptr(call.qs), _ptr(call.ks), _ptr(call.vs), _ptr(os_), _ptr(lse),
-            *_elem_strides(call.qs), *_elem_strides(call.ks), *_elem_strides(call.vs),
+            _ptr(qs), _ptr(ks), _ptr(vs), _ptr(os_), _ptr(lse),
+            *_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs),
             *_elem_strides(os_),
             np.int32(call.Hq), np.int32(call.Hkv), np.int32(call.Sq), np.int32(call.Sk),
             np.int32(call.D), np.int32(call.Dv), np.int32(num_m_tiles),
@@ -356,22 +388,30 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
             _ptr(dos), _ptr(os_), _ptr(delta), *_elem_strides(dos), *_elem_strides(os_),
             np.int32(call.Hq), np.int32(call.Sq), np.int32(call.Dv), np.int64(rows)))
 
-        common = (*_elem_strides(call.qs), *_elem_strides(call.ks), *_elem_strides(call.vs),
-                  *_elem_strides(dos))
         sizes = (np.int32(call.Hq), np.int32(call.Hkv), np.int32(call.Sq), np.int32(call.Sk),
                  np.int32(call.D), np.int32(call.Dv))
         tail = (np.float32(call.scale), np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0))
-        inputs = (_ptr(call.qs), _ptr(call.ks), _ptr(call.vs), _ptr(dos), _ptr(lse), _ptr(delta))
+        operands = {}  # the inputs as each pass reads them (_operands_for), rounded once at most
+
+        def inputs(plan):
+            key = isinstance(plan.config, MmaConfig)
+            if key not in operands:
+                operands[key] = _operands_for(plan, (call.qs, call.ks, call.vs, dos))
+            qs, ks, vs, do_ = operands[key]
+            return ((_ptr(qs), _ptr(ks), _ptr(vs), _ptr(do_), _ptr(lse), _ptr(delta)),
+                    (*_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs), *_elem_strides(do_)))
 
         cfg = bplan.dkdv.config
+        ptrs, strides = inputs(bplan.dkdv)
         num_n_tiles = -(-call.Sk // cfg.block_n)
         _launch(cfg, spec, num_n_tiles * call.B * call.Hkv, "k", (
-            *inputs, _ptr(dks), _ptr(dvs), *common, *_elem_strides(dks), *_elem_strides(dvs),
+            *ptrs, _ptr(dks), _ptr(dvs), *strides, *_elem_strides(dks), *_elem_strides(dvs),
             *sizes, np.int32(num_n_tiles), *tail), bplan.dkdv.smem_bytes)
 
         cfg = bplan.dq.config
+        ptrs, strides = inputs(bplan.dq)
         num_m_tiles = -(-call.Sq // cfg.block_m)
         _launch(cfg, spec, num_m_tiles * call.B * call.Hq, "q", (
-            *inputs, _ptr(dqs), *common, *_elem_strides(dqs),
+            *ptrs, _ptr(dqs), *strides, *_elem_strides(dqs),
             *sizes, np.int32(num_m_tiles), *tail), bplan.dq.smem_bytes)
     return dq, dk, dv

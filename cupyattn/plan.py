@@ -601,9 +601,10 @@ class Plan:
 
     @property
     def precision(self) -> str:
-        """The precision mode that runs: the tensor-core config's, or on CUDA cores
-        (FFMA, float32 arithmetic) the inputs' own mode."""
-        return getattr(self.config, "precision", NATIVE_PRECISION[self.problem.dtype])
+        """The precision mode that runs: the tensor-core config's, or on CUDA cores (FFMA,
+        float32 arithmetic) the first allowed mode, whose operand rounding the launch
+        applies to copies of the inputs ("tf32", "bf16", "fp16"; api._operands_for)."""
+        return getattr(self.config, "precision", self.problem.precision[0])
 
     @property
     def precision_text(self) -> str:
@@ -612,6 +613,10 @@ class Plan:
                     "(wgmma, sm_90a), the forward family measured faster here (plan._forward_families)")
         if isinstance(self.config, MmaConfig):
             return f"{self.precision}: {PRECISION_TEXT[self.precision]} on tensor cores"
+        rounded = {"tf32": "TF32", "bf16": "bfloat16", "fp16": "float16"}
+        if self.problem.dtype == "float32" and self.precision in rounded:
+            return (f"{self.precision}: float32 arithmetic (FFMA) on CUDA cores, on copies of the "
+                    f"inputs rounded to {rounded[self.precision]}")
         return f"{self.precision}: float32 arithmetic (FFMA) on CUDA cores"
 
     @property

@@ -112,6 +112,37 @@ def test_wgmma_forward_in_every_planned_tile(precision, D, causal, tile, monkeyp
         P.plan_forward.cache_clear()
 
 
+@pytest.mark.parametrize("mode,dtype", [("tf32", "tf32"), ("bf16", "bfloat16"), ("fp16", "float16")])
+def test_cuda_core_operands_are_rounded_as_the_reference_rounds_them(mode, dtype):
+    from cupyattn.api import round_operand
+    from cupyattn.reference import round_to
+
+    rng = np.random.default_rng(11)
+    x = np.concatenate([rng.standard_normal(4096).astype(np.float32) * 1e3,
+                        np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1e-40, -1e-45])])
+    got = testing.to_host(round_operand(testing.to_device(x, "float32"), mode))
+    want = round_to(x, dtype)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(got[~np.isnan(got)].view(np.uint32), want[~np.isnan(want)].view(np.uint32))
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_backward_on_cuda_cores_sees_the_scores_of_a_tensor_core_forward(precision, seed):
+    """Hypothesis found it (B = Sq = Sk = 1, D = 200, scale 1): the forward runs on tensor
+    cores with operands rounded to the mode, dK/dV on CUDA cores (every tensor-core tile
+    would spill); unless that pass rounds its operands too, P = exp(s - lse) is off by the
+    difference of two precisions' scores, large at scale 1."""
+    spec = current_device()
+    problem = AttentionProblem("float32", 200, 200, False, 1, 1, 1, 1, 1, precision=(precision,))
+    forward, dkdv = plan_forward(problem, spec), plan_backward(problem, spec).dkdv
+    if not isinstance(forward.config, MmaConfig) or isinstance(dkdv.config, MmaConfig):
+        pytest.skip("this GPU plans both passes on the same kind of core here")
+    assert dkdv.precision == precision and "rounded to" in dkdv.precision_text
+    run_backward_and_check(B=1, Sq=1, Sk=1, Hq=1, Hkv=1, D=200, Dv=200, dtype="float32", causal=False,
+                           scale=1.0, seed=seed, precision=precision)
+
+
 def test_a_sequence_of_modes_takes_the_first_on_tensor_cores():
     rng = np.random.default_rng(5)
     q, k, v = (testing.to_device(testing.host_values((1, 70, 2, 64), "float32", rng), "float32")
