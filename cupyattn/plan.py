@@ -774,16 +774,23 @@ FWD_WGMMA_TILES = (
 
 
 def _forward_families(precision: str, head_dim_pad: int) -> tuple:
-    """The forward's tensor-core kernel families in preference order. The wgmma kernel
-    goes first where it measured faster than mma.sync's best tile on the H200 (same
-    command as FWD_WGMMA_TILES; mma.sync's best from the same session's run with the wgmma
-    tiles emptied, ms): "fp32" D=64 4.30 vs 5.53; "tf32" D=128 4.15 vs 5.19 and D=256
-    15.62 vs 16.99. Behind mma.sync elsewhere ("fp32" D=128 11.81 vs 11.57, "tf32" D=64
-    2.83 vs 2.35), where it still runs before the CUDA cores would: "fp32" at D=256, where
-    every mma.sync tile spills, 59.85 ms vs FFMA 85.59."""
+    """The forward's tensor-core (kernel class, tiles) in preference order. The wgmma tiles
+    that measured faster than mma.sync's best tile on the H200 go first (same command as
+    FWD_WGMMA_TILES; mma.sync's best from the same session's run with the wgmma tiles
+    emptied, ms): "fp32" D=64 (256,32,16) 4.30, (192,64,12) 4.46, (192,32,12) 5.31 vs
+    5.53; "tf32" D=128 (256,32,16) 4.15, (192,64,12) 4.49, (192,32,12) 5.15 vs 5.19, and
+    at D=256, where no 12-warp tile fits, (128,16,8) 15.62 vs 16.99. Fewer warps measured
+    slower than mma.sync there ("fp32" D=64 (128,64,8) 5.82, "tf32" D=128 (128,16,8) 6.56,
+    4-warp tiles 2-3x slower), and so did wgmma as a whole at "fp32" D=128 (11.81 vs 11.57)
+    and "tf32" D=64 (2.83 vs 2.35): those come after mma.sync's tiles, where problems too
+    small to fill the GPU with the large tiles take mma.sync's, and wgmma still runs before
+    the CUDA cores would: "fp32" at D=256, where every mma.sync tile spills, 59.85 ms vs
+    FFMA 85.59."""
     wgmma_first = head_dim_pad <= 64 if precision == "fp32" else head_dim_pad >= 128
-    wgmma, mma = (FwdWgmmaConfig, FWD_WGMMA_TILES), (FwdMmaConfig, FWD_MMA_TILES)
-    return (wgmma, mma) if wgmma_first else (mma, wgmma)
+    min_warps = (12 if head_dim_pad <= 128 else 8) if wgmma_first else 99
+    first = tuple(t for t in FWD_WGMMA_TILES if t[2] >= min_warps)
+    rest = tuple(t for t in FWD_WGMMA_TILES if t[2] < min_warps)
+    return ((FwdWgmmaConfig, first), (FwdMmaConfig, FWD_MMA_TILES), (FwdWgmmaConfig, rest))
 
 
 # The TF32 mode (one pass, 32-bit operands) measured apart on the H200 (whole-call ms,

@@ -355,6 +355,13 @@ def test_wgmma_forward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measu
     assert _tile_of(cfg("tf32", 256)) == ("wgmma", (128, 16, 8))
     assert _tile_of(cfg("fp32", 256)) == ("wgmma", (64, 16, 4))  # mma.sync spills there: before FFMA
     assert isinstance(cfg("fp32", 128), FwdMmaConfig) and not isinstance(cfg("fp32", 128), FwdWgmmaConfig)
+    # Problems too small for the 12-16-warp tiles to fill the GPU take mma.sync's tiles, not
+    # wgmma's smaller ones (slower than mma.sync's at full size); "fp32" at 256 still wgmma.
+    for precision, d in (("tf32", 128), ("fp32", 64)):
+        small = AttentionProblem("float32", d, d, False, 1, 16, 16, 1024, 1024, precision=(precision,))
+        assert type(plan_forward(small, named_device("h200")).config) is FwdMmaConfig
+    small = AttentionProblem("float32", 256, 256, False, 1, 16, 16, 1024, 1024, precision=("fp32",))
+    assert isinstance(plan_forward(small, named_device("h200")).config, FwdWgmmaConfig)
     assert not isinstance(cfg("tf32", 64), FwdWgmmaConfig)
     # Never off sm_90 (wgmma is sm_90a's), never for half-precision operands.
     for device in ("a100", "rtx4090", "b200", "rtx5090"):
