@@ -115,7 +115,7 @@ def _load_arch_specific(config, device):
     path = cache_dir / f"cupyattn_{hashlib.sha256(ident.encode()).hexdigest()[:32]}.cubin"
     names = path.with_suffix(".name")
     if not (path.is_file() and names.is_file()):
-        report = _compile_only(config, arch, tuple(_name_expressions(config)), kernels_hash())
+        report = compile_only(config, arch)
         cache_dir.mkdir(parents=True, exist_ok=True)
         for target, data in ((path, report.cubin), (names, report.mangled_name.encode())):
             tmp = target.with_suffix(f".{os.getpid()}.tmp")

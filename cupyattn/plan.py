@@ -190,6 +190,12 @@ class MmaConfig:
     def threads(self) -> int:
         return self.num_warps * 32
 
+    @staticmethod
+    def runs_on(device: DeviceSpec, dtype: str, precision: str) -> bool:
+        """Whether the kernel exists for this device and mode beyond ``mma_eligible``
+        (every sm_80+ GPU but for architecture-specific kernels)."""
+        return True
+
     @property
     def float32_mode(self) -> str | None:
         """The precision mode of float32 inputs; None for float16 / bfloat16 inputs
@@ -812,6 +818,11 @@ def _tile_order(cls, tiles, precision: str) -> tuple:
     return tuple(rest[:i] + [moved] + rest[i:])
 
 
+def mma_head_dim_pad(head_dim: int) -> int:
+    """Tensor-core kernels pad the head dim to a multiple of 16 (their k-steps)."""
+    return (head_dim + 15) // 16 * 16
+
+
 def mma_eligible(problem: AttentionProblem, device: DeviceSpec) -> bool:
     """Whether the tensor-core kernels can run this problem on this device: sm_80+,
     head_dim == head_dim_v, a multiple of 8, 16-byte aligned rows (every precision
@@ -824,14 +835,12 @@ def mma_eligible(problem: AttentionProblem, device: DeviceSpec) -> bool:
 def _mma_candidates(cls, tiles, problem: AttentionProblem, device: DeviceSpec, max_block_m: int,
                     max_block_n: int, precision: str) -> tuple[list, list]:
     """The tiles of ``tiles`` in ``precision`` that suit the problem's size and compile
-    without spills on ``device`` (none unless ``mma_eligible``, and for a kernel family
-    with ``runs_on``, unless it runs there), and (name, why) for those that would spill."""
+    without spills on ``device`` (none unless ``mma_eligible`` and the kernel ``runs_on``
+    the device), and (name, why) for those that would spill."""
     configs, skipped = [], []
-    if not mma_eligible(problem, device):
+    if not mma_eligible(problem, device) or not cls.runs_on(device, problem.dtype, precision):
         return configs, skipped
-    if hasattr(cls, "runs_on") and not cls.runs_on(device, problem.dtype, precision):
-        return configs, skipped
-    d_pad = (problem.head_dim + 15) // 16 * 16
+    d_pad = mma_head_dim_pad(problem.head_dim)
     for block_m, block_n, warps in _tile_order(cls, tiles, precision):
         if block_m > max(16, max_block_m) or block_n > max(16, max_block_n):
             continue
@@ -900,9 +909,9 @@ def _query_tiles_blocks(problem: AttentionProblem):
 def _plan_pass(kind: str, families, simt: list, problem: AttentionProblem, device: DeviceSpec,
                max_block_m: int, max_block_n: int, num_blocks) -> Plan:
     """Tensor cores in the first allowed precision mode that has a tile fitting the
-    device's shared memory, else the CUDA-core tiles (float32 FFMA). ``families`` are
-    (config class, tiles) in preference order, or a function of the precision mode
-    that returns them (the forward's: ``_forward_families``).
+    device's shared memory, else the CUDA-core tiles (float32 FFMA). ``families(precision)``
+    gives the (config class, tiles) pairs in preference order (the forward's:
+    ``_forward_families``).
     Earlier modes' rejected tiles are reported. A tensor-core tile is taken even where a
     CUDA-core tile would give a small problem more blocks: the CUDA-core kernels are the
     fallback for what the tensor cores cannot run, not a competitor."""
@@ -910,7 +919,7 @@ def _plan_pass(kind: str, families, simt: list, problem: AttentionProblem, devic
     skipped, rejected = [], []
     for precision in problem.precision:
         mma = []
-        for cls, tiles in (families(precision) if callable(families) else families):
+        for cls, tiles in families(precision):
             found, skip = _mma_candidates(cls, tiles, problem, device, max_block_m, max_block_n, precision)
             mma += found
             skipped += skip
@@ -936,7 +945,7 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
     """
     max_block_m = _next_pow2_at_least_8(problem.seqlen_q)
     simt = list(_candidates(FwdSimtConfig, FWD_SIMT_TILES, problem, max_block_m, 64))
-    d_pad = (problem.head_dim + 15) // 16 * 16
+    d_pad = mma_head_dim_pad(problem.head_dim)
     return _plan_pass("forward", lambda precision: _forward_families(precision, d_pad), simt,
                       problem, device, max_block_m, _next_pow2_at_least_8(problem.seqlen_k),
                       _query_tiles_blocks(problem))
@@ -970,10 +979,10 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan
                                * -(-max(1, problem.seqlen_k) // cfg.block_n))
     return BackwardPlan(
         delta=BwdDeltaConfig(problem.dtype),
-        dkdv=_plan_pass("backward dK/dV", ((BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES),), dkdv_simt, problem,
-                        device, max_m, max_n, dkdv_blocks),
-        dq=_plan_pass("backward dQ", ((BwdDqMmaConfig, BWD_DQ_MMA_TILES),), dq_simt, problem, device,
-                      max_m, max_n, _query_tiles_blocks(problem)),
+        dkdv=_plan_pass("backward dK/dV", lambda _: ((BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES),), dkdv_simt,
+                        problem, device, max_m, max_n, dkdv_blocks),
+        dq=_plan_pass("backward dQ", lambda _: ((BwdDqMmaConfig, BWD_DQ_MMA_TILES),), dq_simt, problem,
+                      device, max_m, max_n, _query_tiles_blocks(problem)),
     )
 
 
