@@ -351,16 +351,13 @@ class FwdMmaConfig(MmaConfig):
         return None
 
 
-@dataclasses.dataclass(frozen=True)
-class FwdWgmmaConfig(FwdMmaConfig):
-    """``attn_fwd_wgmma``: the forward of float32 inputs in the TF32 modes ("fp32",
-    "tf32") on Hopper's warpgroup MMA (kernels/attn_fwd_wgmma.cuh); each warpgroup (4
-    warps) owns 64 query rows. wgmma exists on sm_90a only: the kernel is compiled for
-    that target and planned on compute capability 9.0 alone."""
+class WgmmaConfig:
+    """What the kernels on Hopper's warpgroup MMA share (float32 inputs in the TF32 modes
+    "fp32" / "tf32"; kernels/wgmma_tiles.cuh): wgmma exists on sm_90a only, so they are
+    compiled for that target and planned on compute capability 9.0 alone; operands are
+    TF32 tiles in wgmma's core-matrix order, split from float32 staging tiles. Mixed in
+    before the mma.sync config of the same pass, whose fields (template parameters) it keeps."""
 
-    KERNEL: ClassVar[str] = "cupyattn::attn_fwd_wgmma"
-    LAYOUT: ClassVar[str] = "cupyattn::FwdWgmmaLayout"
-    HEADER: ClassVar[str] = "attn_fwd_wgmma.cuh"
     ARCH_SUFFIX: ClassVar[str] = "a"  # sm_90 -> sm_90a: the architecture-specific features
 
     @staticmethod
@@ -373,29 +370,42 @@ class FwdWgmmaConfig(FwdMmaConfig):
         return 2 if self.precision == "fp32" else 1
 
     @property
+    def layout_expression(self) -> str:
+        return f"{self.LAYOUT}<{MMA_OPS[self.precision]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}>"
+
+    def _tf32_tile(self, builder: LayoutBuilder, name: str, shape: tuple, what: str = "") -> LayoutBuilder:
+        parts = "TF32 big and small parts (3xTF32)" if self.parts == 2 else "TF32"
+        note = f"{parts}, in 8-row x 16-byte core matrices (wgmma operands, no swizzle)"
+        return builder.add(name, (self.parts, *shape), "float32", f"{what}; {note}" if what else note)
+
+    def _raw_tile(self, builder: LayoutBuilder, name: str, rows: int, per: str) -> LayoutBuilder:
+        return builder.add(name, (rows, self.head_dim_pad + 4), "float32",
+                           f"float32 as copied (cp.async), split into the TF32 tiles per {per}; +16 bytes per row")
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdWgmmaConfig(WgmmaConfig, FwdMmaConfig):
+    """``attn_fwd_wgmma``: the forward on warpgroup MMA (kernels/attn_fwd_wgmma.cuh); each
+    warpgroup (4 warps) owns 64 query rows."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_fwd_wgmma"
+    LAYOUT: ClassVar[str] = "cupyattn::FwdWgmmaLayout"
+    HEADER: ClassVar[str] = "attn_fwd_wgmma.cuh"
+
+    @property
     def valid(self) -> bool:
         return (self.dtype == "float32" and self.precision in ("fp32", "tf32") and self.num_warps % 4 == 0
                 and self.block_m == 16 * self.num_warps and self.block_n in (16, 32, 64)
                 and self.head_dim_pad % 16 == 0)
 
-    @property
-    def layout_expression(self) -> str:
-        return f"{self.LAYOUT}<{MMA_OPS[self.precision]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}>"
-
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
-        d, parts = self.head_dim_pad, self.parts
-        what = "TF32 big and small parts (3xTF32)" if parts == 2 else "TF32"
-        core = f"{what}, in 8-row x 16-byte core matrices (wgmma operands, no swizzle)"
-        raw = "float32 as copied (cp.async), split into the TF32 tiles per K/V tile; +16 bytes per row"
-        return (LayoutBuilder()
-                .add("q_tile", (parts, self.block_m, d), "float32", core)
-                .add("k_tile", (parts, self.block_n, d), "float32", core)
-                .add("vt_tile", (parts, d, self.block_n), "float32",
-                     f"V transposed (wgmma's TF32 B operand is K-major); {core}")
-                .add("k_raw", (self.block_n, d + 4), "float32", raw)
-                .add("v_raw", (self.block_n, d + 4), "float32", raw)
-                .build())
+        d = self.head_dim_pad
+        b = self._tf32_tile(LayoutBuilder(), "q_tile", (self.block_m, d))
+        b = self._tf32_tile(b, "k_tile", (self.block_n, d))
+        b = self._tf32_tile(b, "vt_tile", (d, self.block_n), "V transposed (wgmma's TF32 B operand is K-major)")
+        b = self._raw_tile(b, "k_raw", self.block_n, "K/V tile")
+        return self._raw_tile(b, "v_raw", self.block_n, "K/V tile").build()
 
     @property
     def accumulators_per_lane(self) -> int:  # O (head_dim), S and its two k-step accumulators
@@ -500,6 +510,91 @@ class BwdDqMmaConfig(MmaConfig):
             return super().register_load
         return ((self.head_dim_pad + 3 * self.block_n) // 2,
                 "float32 accumulators per lane counting S and dP one and a half times (3xTF32)")
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
+    """``attn_bwd_dkdv_wgmma``: dK and dV on warpgroup MMA (kernels/attn_bwd_wgmma.cuh);
+    each warpgroup owns 64 keys, Q and dO tiles of ``block_m`` rows stream."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dkdv_wgmma"
+    LAYOUT: ClassVar[str] = "cupyattn::BwdDkdvWgmmaLayout"
+    HEADER: ClassVar[str] = "attn_bwd_wgmma.cuh"
+
+    @property
+    def valid(self) -> bool:
+        return (self.dtype == "float32" and self.precision in ("fp32", "tf32") and self.num_warps % 4 == 0
+                and self.block_n == 16 * self.num_warps and self.block_m in (16, 32, 64)
+                and self.head_dim_pad % 16 == 0)
+
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
+    def layout(self) -> Layout:
+        d, m, n = self.head_dim_pad, self.block_m, self.block_n
+        b = self._tf32_tile(LayoutBuilder(), "k_tile", (n, d))
+        b = self._tf32_tile(b, "v_tile", (n, d))
+        b = self._tf32_tile(b, "q_tile", (m, d))
+        b = self._tf32_tile(b, "do_tile", (m, d))
+        b = self._tf32_tile(b, "qt_tile", (d, m), "Q transposed: the B operand of dK = dS^T Q")
+        b = self._tf32_tile(b, "dot_tile", (d, m), "dO transposed: the B operand of dV = P^T dO")
+        b = self._raw_tile(b, "q_raw", m, "query tile")
+        b = self._raw_tile(b, "do_raw", m, "query tile")
+        return (b.add("lse_tile", (m,), "float32", "lse * log2(e) per query row")
+                .add("delta_tile", (m,), "float32", "rowsum(dO * O) per query row")
+                .build())
+
+    @property
+    def accumulators_per_lane(self) -> int:  # dK, dV (head_dim each), S^T and dP^T (block_m each)
+        return self.head_dim_pad + self.block_m
+
+    def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
+        # Every listed tile at head dims 16-256 through ptxas (NVRTC 13.5, causal and not):
+        # these spill, and nothing else does. tests/test_compile.py compiles the planned ones.
+        if self.head_dim_pad > 208:
+            return "dK and dV (head_dim / 2 accumulators a lane each) spill above head dim 208"
+        if self.num_warps == 16 and (self.precision == "fp32" or self.head_dim_pad > 64):
+            return "16 warps leave 128 registers a lane: spills in 3xTF32, and above head dim 64"
+        if self.precision == "fp32" and self.block_m == 64 and self.head_dim_pad >= 64:
+            return "3xTF32 with 64-query tiles spills from head dim 64"
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
+    """``attn_bwd_dq_wgmma``: dQ on warpgroup MMA (kernels/attn_bwd_wgmma.cuh); each
+    warpgroup owns 64 query rows, K and V tiles of ``block_n`` keys stream."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dq_wgmma"
+    LAYOUT: ClassVar[str] = "cupyattn::BwdDqWgmmaLayout"
+    HEADER: ClassVar[str] = "attn_bwd_wgmma.cuh"
+
+    @property
+    def valid(self) -> bool:
+        return (self.dtype == "float32" and self.precision in ("fp32", "tf32") and self.num_warps % 4 == 0
+                and self.block_m == 16 * self.num_warps and self.block_n in (16, 32, 64)
+                and self.head_dim_pad % 16 == 0)
+
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
+    def layout(self) -> Layout:
+        d, m, n = self.head_dim_pad, self.block_m, self.block_n
+        b = self._tf32_tile(LayoutBuilder(), "q_tile", (m, d))
+        b = self._tf32_tile(b, "do_tile", (m, d))
+        b = self._tf32_tile(b, "k_tile", (n, d))
+        b = self._tf32_tile(b, "v_tile", (n, d))
+        b = self._tf32_tile(b, "kt_tile", (d, n), "K transposed: the B operand of dQ = dS K")
+        b = self._raw_tile(b, "k_raw", n, "K/V tile")
+        return self._raw_tile(b, "v_raw", n, "K/V tile").build()
+
+    @property
+    def accumulators_per_lane(self) -> int:  # dQ (head_dim), S and dP (block_n each)
+        return (self.head_dim_pad + 2 * self.block_n) // 2
+
+    def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
+        # As for dK/dV: from every listed tile at head dims 16-256 through ptxas.
+        if self.precision == "fp32" and self.block_n == 64:
+            return "3xTF32 with 64-key tiles spills (255 registers a lane)"
+        if self.precision == "fp32" and self.num_warps > 8:
+            return "3xTF32 spills with more than 8 warps (168 registers a lane or fewer)"
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -614,9 +709,10 @@ class Plan:
 
     @property
     def precision_text(self) -> str:
-        if isinstance(self.config, FwdWgmmaConfig):
+        if isinstance(self.config, WgmmaConfig):
             return (f"{self.precision}: {PRECISION_TEXT[self.precision]} on tensor cores, warpgroup MMA "
-                    "(wgmma, sm_90a), the forward family measured faster here (plan._forward_families)")
+                    "(wgmma, sm_90a), the kernel family measured faster here (plan._forward_families, "
+                    "plan._backward_families)")
         if isinstance(self.config, MmaConfig):
             return f"{self.precision}: {PRECISION_TEXT[self.precision]} on tensor cores"
         rounded = {"tf32": "TF32", "bf16": "bfloat16", "fp16": "float16"}
@@ -777,6 +873,69 @@ FWD_WGMMA_TILES = (
     (64, 16, 4),
     (64, 64, 4),
 )
+
+
+# wgmma backward (float32 "fp32" / "tf32" on sm_90): dK/dV, a warpgroup owns 64 keys
+# (block_n = 16 * num_warps) and streams block_m query rows; dQ, a warpgroup owns 64
+# query rows (block_m = 16 * num_warps) and streams block_n keys. Measured on the H200
+# (`tune_tiles.py --dtype float32 --precision fp32|tf32 --families
+# dkdv_wgmma,dq_wgmma,dkdv,dq`, B=4, H=16, S=4096, not causal, whole backward ms, the
+# other pass as planned): dK/dV "tf32" D=64 (32,256,16) 8.94 < (32,192,12) 10.31 <
+# (16,256,16) 10.48 < (16,128,8) 10.98 < (64,128,8) 11.51 < (16,192,12) 11.79 <
+# (32,128,8) 12.36 < (16,64,4) 14.25 < (32,64,4) 14.95 < (64,64,4) 21.31; D=128
+# (32,128,8) 22.44 < (16,128,8) 25.28 < (16,64,4) 30.34 < (32,64,4) 40.13; "fp32" D=64
+# (32,128,8) 21.94 < (16,128,8) 25.04 < (16,64,4) 29.70 < (32,64,4) 37.51; D=128 (16,64,4)
+# 94.93 (alone). dQ "tf32" D=64 (256,32,16) 8.32 < (128,32,8) 8.80 < (256,16,16) 9.22 <
+# (192,32,12) 9.30 < (128,16,8) 9.73 < (128,64,8) 10.08 < (64,32,4) 10.78 < (64,16,4)
+# 10.88 < (64,64,4) 16.78; D=128 (128,32,8) 22.54 < (128,16,8) 24.23 < (64,16,4) 27.33;
+# D=256 (64,16,4) 87.87 (alone); "fp32" D=64 (128,32,8) 21.95 < (128,16,8) 24.10 <
+# (64,16,4) 25.90; D=128 (64,16,4) 94.04 (alone).
+BWD_DKDV_WGMMA_TILES = (
+    (32, 256, 16),
+    (32, 192, 12),
+    (32, 128, 8),
+    (16, 256, 16),
+    (16, 128, 8),
+    (64, 128, 8),
+    (16, 192, 12),
+    (16, 64, 4),
+    (32, 64, 4),
+    (64, 64, 4),
+)
+BWD_DQ_WGMMA_TILES = (
+    (256, 32, 16),
+    (128, 32, 8),
+    (256, 16, 16),
+    (192, 32, 12),
+    (128, 16, 8),
+    (128, 64, 8),
+    (64, 16, 4),
+    (64, 32, 4),
+    (64, 64, 4),
+)
+
+
+def _backward_families(kind: str, precision: str, head_dim_pad: int) -> tuple:
+    """The (kernel class, tiles) of a backward pass ("dkdv" or "dq") in preference order, as
+    ``_forward_families``: the wgmma tiles that measured faster than mma.sync's best first
+    (8 warps or more; any at head dims over 128, where mma.sync's spill or crawl), then
+    mma.sync's, then the other wgmma tiles. Measured on the H200 (whole backward, ms;
+    BWD_DKDV_WGMMA_TILES's command): dK/dV wgmma vs mma.sync best, "tf32" D=64 8.94 vs 9.83,
+    D=128 22.44 vs 23.67, "fp32" D=64 21.94 vs 22.59, D=128 94.93 (one warpgroup fits) vs
+    75.69; dQ "tf32" D=64 8.32 vs 9.18, D=128 22.54 vs 21.69, D=256 87.87 vs 106.58,
+    "fp32" D=64 21.95 vs 22.20, D=128 94.04 vs 75.43. Head dims between those take the
+    rule of the next measured one up."""
+    if kind == "dkdv":
+        wgmma, mma = (BwdDkdvWgmmaConfig, BWD_DKDV_WGMMA_TILES), (BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES)
+        wgmma_first = head_dim_pad <= (64 if precision == "fp32" else 128)
+    else:
+        wgmma, mma = (BwdDqWgmmaConfig, BWD_DQ_WGMMA_TILES), (BwdDqMmaConfig, BWD_DQ_MMA_TILES)
+        wgmma_first = head_dim_pad <= 64 or (precision == "tf32" and head_dim_pad > 128)
+    min_warps = (8 if head_dim_pad <= 128 else 1) if wgmma_first else 99
+    cls, tiles = wgmma
+    first = tuple(t for t in tiles if t[2] >= min_warps)
+    rest = tuple(t for t in tiles if t[2] < min_warps)
+    return ((cls, first), mma, (cls, rest))
 
 
 def _forward_families(precision: str, head_dim_pad: int) -> tuple:
@@ -975,14 +1134,15 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan
     max_m, max_n = _next_pow2_at_least_8(problem.seqlen_q), _next_pow2_at_least_8(problem.seqlen_k)
     dkdv_simt = list(_candidates(BwdDkdvSimtConfig, BWD_DKDV_SIMT_TILES, problem, 64, max_n))
     dq_simt = list(_candidates(BwdDqSimtConfig, FWD_SIMT_TILES, problem, max_m, 64))
+    d_pad = mma_head_dim_pad(problem.head_dim)
     dkdv_blocks = lambda cfg: (problem.batch * problem.heads_kv
                                * -(-max(1, problem.seqlen_k) // cfg.block_n))
     return BackwardPlan(
         delta=BwdDeltaConfig(problem.dtype),
-        dkdv=_plan_pass("backward dK/dV", lambda _: ((BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES),), dkdv_simt,
-                        problem, device, max_m, max_n, dkdv_blocks),
-        dq=_plan_pass("backward dQ", lambda _: ((BwdDqMmaConfig, BWD_DQ_MMA_TILES),), dq_simt, problem,
-                      device, max_m, max_n, _query_tiles_blocks(problem)),
+        dkdv=_plan_pass("backward dK/dV", lambda precision: _backward_families("dkdv", precision, d_pad),
+                        dkdv_simt, problem, device, max_m, max_n, dkdv_blocks),
+        dq=_plan_pass("backward dQ", lambda precision: _backward_families("dq", precision, d_pad), dq_simt,
+                      problem, device, max_m, max_n, _query_tiles_blocks(problem)),
     )
 
 

@@ -37,6 +37,7 @@
 #include "mma.cuh"
 #include "simt_tiles.cuh"
 #include "wgmma.cuh"
+#include "wgmma_tiles.cuh"
 
 namespace cupyattn {
 
@@ -53,23 +54,6 @@ struct FwdWgmmaLayout {
     static constexpr int num_buffers = 5;
     static constexpr int offsets[num_buffers] = {q_tile, k_tile, vt_tile, k_raw, v_raw};
 };
-
-// 4 consecutive float32 values as TF32 parts: 16 bytes at word `at` of big (and small).
-template <int PASSES>
-__device__ __forceinline__ void store_parts(float* big, float* small, int at, float4 x) {
-    Tf32Words<PASSES, 4> w;
-    w.set(0, x.x);
-    w.set(1, x.y);
-    w.set(2, x.z);
-    w.set(3, x.w);
-    *reinterpret_cast<uint4*>(big + at) = make_uint4(w.big[0], w.big[1], w.big[2], w.big[3]);
-    if constexpr (PASSES == 3)
-        *reinterpret_cast<uint4*>(small + at) = make_uint4(w.small[0], w.small[1], w.small[2], w.small[3]);
-}
-
-__device__ __forceinline__ unsigned pick4(const unsigned (&w)[4], int i) {
-    return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
-}
 
 template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
 __global__ void __launch_bounds__(NUM_WARPS * 32, 1)
@@ -159,38 +143,9 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
         cp_async_wait<0>();
         __syncthreads();  // the raw tile is in; every warpgroup is done with the last TF32 tiles
 
-        // K as TF32 parts, chunk i at word 4i (as Q above): raw rows r..r+7 of one column
-        // chunk per 8 lanes, 16 bytes apart in banks (padded rows), 128 contiguous bytes out.
-#pragma unroll 1
-        for (int i = threadIdx.x; i < BLOCK_N * D_PAD / 4; i += THREADS) {
-            const int r = (i / 8) % (BLOCK_N / 8) * 8 + i % 8, c = i / BLOCK_N * 4;
-            store_parts<PASSES>(k_tile, k_tile + KV_PART, 4 * i,
-                                *reinterpret_cast<const float4*>(k_raw + r * L::RAW_STRIDE + c));
-        }
-        // V^T as TF32 parts: element (d, k') with k' the key's slot in the order P's
-        // register A operand takes keys (mma.cuh, MmaTf32: within 8 keys, slot t holds key
-        // 2t and slot t + 4 key 2t + 1). A lane reads 4 columns d of one key and writes them
-        // to 4 rows of V^T, starting at row (e + s) % 4 so that a warp's stores hit 32 banks.
-#pragma unroll 1
-        for (int i = threadIdx.x; i < BLOCK_N * D_PAD / 4; i += THREADS) {
-            const int key8 = i % 8, c_lo = (i / 8) % 4, rest = i / 32;
-            const int key = rest % N_BLOCKS * 8 + key8, cc = rest / N_BLOCKS * 4 + c_lo;
-            const int slot = rest % N_BLOCKS * 8 + (key8 % 2) * 4 + key8 / 2;
-            const float4 x = *reinterpret_cast<const float4*>(v_raw + key * L::RAW_STRIDE + 4 * cc);
-            Tf32Words<PASSES, 4> w;
-            w.set(0, x.x);
-            w.set(1, x.y);
-            w.set(2, x.z);
-            w.set(3, x.w);
-            const int s = key8 % 2 + 2 * ((c_lo / 2) % 2);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int idx = (e + s) % 4;
-                const int at = core_offset<D_PAD>(4 * cc + idx, slot);
-                reinterpret_cast<unsigned*>(vt_tile)[at] = pick4(w.big, idx);
-                if constexpr (PASSES == 3) reinterpret_cast<unsigned*>(vt_tile + KV_PART)[at] = pick4(w.small, idx);
-            }
-        }
+        // K as TF32 parts; V^T in the key order of P's register A operand (wgmma_tiles.cuh).
+        split_rows<PASSES, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(k_tile, KV_PART, k_raw);
+        split_transposed<PASSES, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(vt_tile, KV_PART, v_raw);
         fence_proxy_async();
         __syncthreads();  // TF32 tiles written (and visible to wgmma); the raw tiles are free
         if (tile + 1 < n_tiles) load_raw(tile + 1);

@@ -1,6 +1,6 @@
 """A reduced suite for compute-sanitizer: every kernel family once per dtype (float32
 in each precision mode: 3xTF32, TF32, bfloat16- and float16-staged; the wgmma forward
-on sm_90), causal and not, odd sizes (1, tile - 1, tile + 1, Sq != Sk), GQA, strided views, with
+and backward on sm_90), causal and not, odd sizes (1, tile - 1, tile + 1, Sq != Sk), GQA, strided views, with
 CuPy's memory pool disabled so an out-of-bounds access lands outside any allocation.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_cases.py
@@ -45,9 +45,10 @@ def main():
             cupyattn.attention(qs, k, v, causal=causal, precision=precision)
             n += 1
     n_wgmma = _wgmma_forward(rng)
+    n_wgmma_bwd = _wgmma_backward(rng)
     cupy.cuda.Device().synchronize()
     print(f"sanitize cases: {n} shapes x (forward, backward, strided forward) ran, "
-          f"{n_wgmma} wgmma forwards")
+          f"{n_wgmma} wgmma forwards, {n_wgmma_bwd} wgmma backwards")
 
 
 def _wgmma_forward(rng) -> int:
@@ -76,6 +77,36 @@ def _wgmma_forward(rng) -> int:
     finally:
         P.FWD_MMA_TILES = saved
         P.plan_forward.cache_clear()
+    return n
+
+
+def _wgmma_backward(rng) -> int:
+    """The sm_90a wgmma backward (dK/dV and dQ) wherever a case can take one of its
+    kernels, mma.sync's tiles out of the way."""
+    from cupyattn import plan as P
+    from cupyattn.device import current_device
+
+    if current_device().compute_capability != (9, 0):
+        return 0
+    saved = P.BWD_DKDV_MMA_TILES, P.BWD_DQ_MMA_TILES
+    P.BWD_DKDV_MMA_TILES = P.BWD_DQ_MMA_TILES = ()
+    P.plan_backward.cache_clear()
+    n = 0
+    try:
+        for precision in ("fp32", "tf32"):
+            for B, Sq, Sk, Hq, Hkv, D, causal in CASES + [(1, 70, 31, 1, 1, 256, False), (2, 100, 70, 4, 2, 64, True)]:
+                problem = P.AttentionProblem("float32", D, D, causal, B, Hq, Hkv, Sq, Sk, precision=precision)
+                bwd = P.plan_backward(problem, current_device())
+                if not any(isinstance(p.config, P.WgmmaConfig) for p in bwd.plans):
+                    continue
+                q, k, v, do = (testing.to_device(testing.host_values(shape, "float32", rng), "float32")
+                               for shape in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D)))
+                out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, precision=precision)
+                cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=precision)
+                n += 1
+    finally:
+        P.BWD_DKDV_MMA_TILES, P.BWD_DQ_MMA_TILES = saved
+        P.plan_backward.cache_clear()
     return n
 
 

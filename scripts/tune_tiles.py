@@ -22,11 +22,13 @@ from cupyattn import plan as P  # noqa: E402
 from cupyattn.device import current_device  # noqa: E402
 from cupyattn.testing import device_values, median_ms  # noqa: E402
 
-FAMILIES = {  # name: (tile table attribute, config class, backward?)
-    "forward": ("FWD_MMA_TILES", P.FwdMmaConfig, False),
-    "wgmma": ("FWD_WGMMA_TILES", P.FwdWgmmaConfig, False),  # float32 fp32 / tf32 on sm_90
-    "dkdv": ("BWD_DKDV_MMA_TILES", P.BwdDkdvMmaConfig, True),
-    "dq": ("BWD_DQ_MMA_TILES", P.BwdDqMmaConfig, True),
+FAMILIES = {  # name: (tile table attribute, config class, backward?, the other family of the pass)
+    "forward": ("FWD_MMA_TILES", P.FwdMmaConfig, False, "FWD_WGMMA_TILES"),
+    "wgmma": ("FWD_WGMMA_TILES", P.FwdWgmmaConfig, False, "FWD_MMA_TILES"),  # float32 fp32 / tf32 on sm_90
+    "dkdv": ("BWD_DKDV_MMA_TILES", P.BwdDkdvMmaConfig, True, "BWD_DKDV_WGMMA_TILES"),
+    "dkdv_wgmma": ("BWD_DKDV_WGMMA_TILES", P.BwdDkdvWgmmaConfig, True, "BWD_DKDV_MMA_TILES"),
+    "dq": ("BWD_DQ_MMA_TILES", P.BwdDqMmaConfig, True, "BWD_DQ_WGMMA_TILES"),
+    "dq_wgmma": ("BWD_DQ_WGMMA_TILES", P.BwdDqWgmmaConfig, True, "BWD_DQ_MMA_TILES"),
 }
 
 
@@ -48,15 +50,15 @@ def main():
     args = parser.parse_args()
     B, H, S = 4, 16, args.seqlen
     spec = current_device()
-    originals = {attr: getattr(P, attr) for attr, _, _ in FAMILIES.values()}  # every family's tiles
+    originals = {attr: getattr(P, attr) for attr, *_ in FAMILIES.values()}  # every family's tiles
     precision = P.parse_precision(args.precision, args.dtype)[0]
     opts = dict(causal=args.causal, precision=precision)
     rows = []
     for family in args.families.split(","):
-        attr, cls, backward = FAMILIES[family]
-        # The two forward families (plan._forward_families): the other one out of the way.
-        _restrict("FWD_WGMMA_TILES", () if family == "forward" else originals["FWD_WGMMA_TILES"])
-        _restrict("FWD_MMA_TILES", () if family == "wgmma" else originals["FWD_MMA_TILES"])
+        attr, cls, backward, rival = FAMILIES[family]
+        # The other kernel family of the same pass (plan._forward_families,
+        # plan._backward_families) out of the way.
+        _restrict(rival, ())
         for D in (int(d) for d in args.dims.split(",")):
             rng = cupy.random.default_rng(1)
             q, k, v, do = (device_values((B, S, H, D), args.dtype, rng) for _ in range(4))
@@ -72,7 +74,7 @@ def main():
                                        repeats=10, warmup=2)
                         bplan = P.plan_backward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S,
                                                                    precision=(precision,)), spec)
-                        chosen = (bplan.dkdv if family == "dkdv" else bplan.dq).config
+                        chosen = (bplan.dkdv if family.startswith("dkdv") else bplan.dq).config
                     else:
                         ms = median_ms(lambda: cupyattn.attention(q, k, v, **opts), repeats=10, warmup=2)
                         chosen = P.plan_forward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S,
@@ -85,8 +87,7 @@ def main():
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             _restrict(attr, originals[attr])
-    _restrict("FWD_WGMMA_TILES", originals["FWD_WGMMA_TILES"])
-    _restrict("FWD_MMA_TILES", originals["FWD_MMA_TILES"])
+        _restrict(rival, originals[rival])
     print(f"\n{args.dtype} ({precision}) B={B} H={H} S={S} causal={args.causal}: whole-call ms "
           "(backward: delta + dK/dV + dQ), fastest first")
     for family in args.families.split(","):

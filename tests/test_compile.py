@@ -12,7 +12,7 @@ import pytest
 
 from cupyattn import compile as cc
 from cupyattn.device import named_device
-from cupyattn.plan import (PRECISIONS, AttentionProblem, FwdSimtConfig, FwdWgmmaConfig, MmaConfig,
+from cupyattn.plan import (PRECISIONS, AttentionProblem, FwdSimtConfig, FwdWgmmaConfig, MmaConfig, WgmmaConfig,
                            check_expression, plan_forward, planned_configs)
 
 
@@ -157,7 +157,7 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
         text = cc.sass(cc.compile_only(cfg, arch))
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    if isinstance(cfg, FwdWgmmaConfig):  # float32 TF32 modes on sm_90 (plan._forward_families)
+    if isinstance(cfg, WgmmaConfig):  # float32 TF32 modes on sm_90 (plan._forward_families, _backward_families)
         assert arch == "sm_90" and re.search(r"HGMMA\.64x\d+x8\.F32\.TF32", text)
         assert "LDGSTS" in text and "LDL" not in text and "STL" not in text
         return

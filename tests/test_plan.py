@@ -396,3 +396,63 @@ def test_wgmma_forward_layout_holds_tf32_parts_and_raw_staging():
     assert FwdWgmmaConfig("float32", "fp32", 64, 256, 64, 16, False).register_reason((9, 0))
     plan = plan_forward(AttentionProblem("float32", 64, 64, False, 4, 16, 16, 4096, 4096), named_device("h200"))
     assert "warpgroup MMA (wgmma, sm_90a)" in plan.describe() and "vt_tile" in plan.describe()
+
+
+def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measured_faster():
+    from cupyattn.plan import (BwdDkdvMmaConfig, BwdDkdvWgmmaConfig, BwdDqMmaConfig, BwdDqWgmmaConfig,
+                               WgmmaConfig)
+
+    def plans(precision, d, device="h200", dtype="float32", batch=4, seqlen=4096):
+        problem = AttentionProblem(dtype, d, d, False, batch, 16, 16, seqlen, seqlen,
+                                   precision=(precision,) if dtype == "float32" else ())
+        bwd = plan_backward(problem, named_device(device))
+        return bwd.dkdv.config, bwd.dq.config
+
+    def tiles(cfgs):
+        return [("wgmma" if isinstance(c, WgmmaConfig) else type(c).__name__, (c.block_m, c.block_n, c.num_warps))
+                for c in cfgs]
+
+    # plan._backward_families: both passes on wgmma at head dim 64 in both modes, dK/dV
+    # also at "tf32" 128, dQ at "tf32" 256; mma.sync where it measured faster.
+    assert tiles(plans("tf32", 64)) == [("wgmma", (32, 256, 16)), ("wgmma", (256, 32, 16))]
+    assert tiles(plans("fp32", 64)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
+    dkdv, dq = plans("tf32", 128)
+    assert isinstance(dkdv, BwdDkdvWgmmaConfig) and type(dq) is BwdDqMmaConfig
+    dkdv, dq = plans("tf32", 256)
+    assert type(dkdv) is BwdDkdvMmaConfig and isinstance(dq, BwdDqWgmmaConfig)
+    assert all(type(c) in (BwdDkdvMmaConfig, BwdDqMmaConfig) for c in plans("fp32", 128))
+    # A problem too small for the big tiles to fill the GPU takes mma.sync's, not 4-warp wgmma.
+    assert not any(isinstance(c, WgmmaConfig) and c.num_warps < 8 for c in plans("tf32", 64, batch=1, seqlen=512))
+    # Never off sm_90, never for half-precision operands.
+    for device in ("a100", "rtx4090", "b200", "rtx5090"):
+        assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, device))
+    assert not any(isinstance(c, WgmmaConfig) for c in plans("bf16", 64))
+    assert not any(isinstance(c, WgmmaConfig) for c in plans(None, 64, dtype="float16"))
+
+
+def test_wgmma_backward_layouts_and_register_rules():
+    from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig
+
+    dkdv = BwdDkdvWgmmaConfig("float32", "fp32", 64, 32, 128, 8, False)
+    assert [b.name for b in dkdv.layout] == ["k_tile", "v_tile", "q_tile", "do_tile", "qt_tile", "dot_tile",
+                                             "q_raw", "do_raw", "lse_tile", "delta_tile"]
+    assert dkdv.layout["k_tile"].shape == (2, 128, 64) and dkdv.layout["qt_tile"].shape == (2, 64, 32)
+    assert dkdv.layout.total == 4 * (2 * 2 * 128 * 64 + 4 * 2 * 32 * 64 + 2 * 32 * 68 + 2 * 32) == 214272
+    dq = BwdDqWgmmaConfig("float32", "tf32", 128, 128, 32, 8, True)
+    assert [b.name for b in dq.layout] == ["q_tile", "do_tile", "k_tile", "v_tile", "kt_tile", "k_raw", "v_raw"]
+    assert dq.layout["kt_tile"].shape == (1, 128, 32) and "dQ = dS K" in dq.layout["kt_tile"].note
+    # 64 keys (dK/dV) or query rows (dQ) a warpgroup.
+    assert dkdv.valid and not BwdDkdvWgmmaConfig("float32", "fp32", 64, 32, 64, 8, False).valid
+    assert dq.valid and not BwdDqWgmmaConfig("float32", "tf32", 128, 64, 32, 8, True).valid
+    assert not BwdDqWgmmaConfig("float32", "fp16", 128, 128, 32, 8, True).valid
+    # The spills ptxas makes (every listed tile, head dims 16-256): the rules that keep them out.
+    assert BwdDkdvWgmmaConfig("float32", "tf32", 224, 16, 64, 4, False).register_reason((9, 0))
+    assert BwdDkdvWgmmaConfig("float32", "fp32", 32, 32, 256, 16, False).register_reason((9, 0))
+    assert BwdDkdvWgmmaConfig("float32", "tf32", 80, 32, 256, 16, False).register_reason((9, 0))
+    assert BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 256, 16, False).register_reason((9, 0)) is None
+    assert BwdDqWgmmaConfig("float32", "fp32", 64, 64, 64, 4, False).register_reason((9, 0))
+    assert BwdDqWgmmaConfig("float32", "fp32", 48, 192, 32, 12, False).register_reason((9, 0))
+    assert BwdDqWgmmaConfig("float32", "tf32", 64, 256, 32, 16, False).register_reason((9, 0)) is None
+    problem = AttentionProblem("float32", 64, 64, False, 4, 16, 16, 4096, 4096, precision=("tf32",))
+    text = plan_backward(problem, named_device("h200")).describe()
+    assert "attn_bwd_dkdv_wgmma" in text and "attn_bwd_dq_wgmma" in text and "warpgroup MMA" in text

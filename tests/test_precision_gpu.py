@@ -20,8 +20,8 @@ from test_forward_gpu import run_and_check
 import cupyattn
 from cupyattn import testing
 from cupyattn.device import current_device
-from cupyattn.plan import (FWD_WGMMA_TILES, PRECISIONS, AttentionProblem, MmaConfig, plan_backward,
-                           plan_forward)
+from cupyattn.plan import (BWD_DKDV_WGMMA_TILES, BWD_DQ_WGMMA_TILES, FWD_WGMMA_TILES, PRECISIONS,
+                           AttentionProblem, MmaConfig, plan_backward, plan_forward)
 from cupyattn.reference import attention_backward_reference, attention_reference
 
 pytestmark = pytest.mark.gpu
@@ -112,6 +112,68 @@ def test_wgmma_forward_in_every_planned_tile(precision, D, causal, tile, monkeyp
         P.plan_forward.cache_clear()
 
 
+WGMMA_BACKWARD_TILES = ([("dkdv", t) for t in BWD_DKDV_WGMMA_TILES] + [("dq", t) for t in BWD_DQ_WGMMA_TILES])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("D", [40, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind,tile", WGMMA_BACKWARD_TILES, ids=[f"{k}-{m}x{n}x{w}" for k, (m, n, w) in
+                                                                  WGMMA_BACKWARD_TILES])
+def test_wgmma_backward_in_every_listed_tile(precision, D, causal, kind, tile, monkeypatch):
+    """Each wgmma tile of the backward's lists (4 to 16 warps) where it fits and compiles
+    without spills, dK/dV or dQ alone on it (the other pass as planned), on a GQA problem of
+    several query and key tiles, the last of each partial."""
+    from cupyattn import plan as P
+
+    spec = current_device()
+    if spec.compute_capability != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU")
+    cls = P.BwdDkdvWgmmaConfig if kind == "dkdv" else P.BwdDqWgmmaConfig
+    cfg = cls("float32", precision, (D + 15) // 16 * 16, *tile, causal)
+    if cfg.layout.total > spec.smem_per_block_optin or cfg.register_reason(spec.compute_capability):
+        pytest.skip(f"{cfg.name_expression} is not planned on this GPU (shared memory or registers)")
+    table = "BWD_DKDV" if kind == "dkdv" else "BWD_DQ"
+    monkeypatch.setattr(P, f"{table}_MMA_TILES", ())
+    monkeypatch.setattr(P, f"{table}_WGMMA_TILES", (tile,))
+    P.plan_backward.cache_clear()
+    try:
+        problem = AttentionProblem("float32", D, D, causal, 1, 2, 1, 300, 333, precision=(precision,))
+        bwd = plan_backward(problem, spec)
+        assert (bwd.dkdv if kind == "dkdv" else bwd.dq).config == cfg
+        run_backward_and_check(B=1, Sq=300, Sk=333, Hq=2, Hkv=1, D=D, Dv=D, dtype="float32", causal=causal,
+                               precision=precision, seed=D + sum(tile))
+    finally:
+        P.plan_backward.cache_clear()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("D", [40, 64, 128, 256])
+@pytest.mark.parametrize("B,Sq,Sk", [(1, 1, 33), (1, 33, 1), (2, 63, 130), (1, 257, 1000)])
+@pytest.mark.parametrize("causal", [False, True, "top_left"])
+def test_wgmma_backward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal, monkeypatch):
+    """The sm_90a wgmma backward kernels wherever they fit (mma.sync's tiles taken away):
+    one query or one key, partial and several tiles, GQA, every causal alignment."""
+    from cupyattn import plan as P
+
+    spec = current_device()
+    if spec.compute_capability != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU")
+    monkeypatch.setattr(P, "BWD_DKDV_MMA_TILES", ())
+    monkeypatch.setattr(P, "BWD_DQ_MMA_TILES", ())
+    P.plan_backward.cache_clear()
+    try:
+        problem = AttentionProblem("float32", D, D, causal, B, 4, 2, Sq, Sk, precision=(precision,))
+        bwd = plan_backward(problem, spec)
+        wgmma = [isinstance(p.config, P.WgmmaConfig) for p in (bwd.dkdv, bwd.dq)]
+        if not any(wgmma):
+            pytest.skip("no wgmma backward tile fits here (shared memory or registers)")
+        run_backward_and_check(B=B, Sq=Sq, Sk=Sk, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
+                               precision=precision, seed=D + Sq + 11)
+    finally:
+        P.plan_backward.cache_clear()
+
+
 @pytest.mark.parametrize("mode,dtype", [("tf32", "tf32"), ("bf16", "bfloat16"), ("fp16", "float16")])
 def test_cuda_core_operands_are_rounded_as_the_reference_rounds_them(mode, dtype):
     from cupyattn.api import round_operand
@@ -176,10 +238,12 @@ def test_documented_accuracy_of_each_mode():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_fp32_backward_error_is_at_most_twice_a_float32_numpy_reference(causal):
-    """Issue 6's "fp32" criterion on the gradients, with the tensor-core kernels planned."""
+@pytest.mark.parametrize("D", [64, 128])
+def test_fp32_backward_error_is_at_most_twice_a_float32_numpy_reference(causal, D):
+    """Issue 6's "fp32" criterion on the gradients, with the tensor-core kernels planned
+    (wgmma on the H200)."""
     rng = np.random.default_rng(6)
-    B, S, H, D = 1, 512, 2, 128
+    B, S, H = 1, 512, 2
     hq, hk, hv, hdo = (testing.host_values((B, S, H, D), "float32", rng) for _ in range(4))
     q, k, v, do = (testing.to_device(x, "float32") for x in (hq, hk, hv, hdo))
     problem = AttentionProblem("float32", D, D, causal, B, H, H, S, S, precision=("fp32",))

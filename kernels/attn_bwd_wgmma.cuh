@@ -1,0 +1,380 @@
+// Backward attention for float32 inputs on Hopper's warpgroup MMA (sm_90a), TF32
+// operands: Op = MmaTf32<3> (3xTF32, float32 accuracy) or MmaTf32<1> (one TF32 pass).
+// The same launches and algorithm as attn_bwd_mma.cuh (attn_bwd_delta first, then
+// dK/dV and dQ, deterministic, no atomics); the products run as wgmma on TF32 tiles
+// built as the wgmma forward builds them (wgmma_tiles.cuh): float32 copied by
+// cp.async into a padded staging tile, split by the whole block into big (and small)
+// TF32 parts in core-matrix order, between two barriers. TF32 B operands must be
+// K-major, so the operand that a product reduces over its rows (Q and dO for dK and
+// dV, K for dQ) is stored a second time, transposed, in the k order of the register
+// A operand that P^T, dS^T or dS becomes (slots permuted within 8, wgmma_tiles.cuh).
+//
+// attn_bwd_dkdv_wgmma: a block owns BLOCK_N keys of one key/value head, 64 per
+//   warpgroup; K and V stay in shared memory (split once); Q and dO tiles of BLOCK_M
+//   query rows stream over every query head of the GQA group:
+//     S^T  = K Q^T,  dP^T = V dO^T                 (both operands in shared memory)
+//     P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T * (dP^T - delta)
+//     dV  += P^T dO,  dK += dS^T Q                 (A in registers, B = dO^T, Q^T tiles)
+// attn_bwd_dq_wgmma: a block owns BLOCK_M query rows, 64 per warpgroup; Q and dO stay
+//   in shared memory (split once); K and V tiles stream:
+//     S = Q K^T,  dP = dO V^T,  dS = P * (dP - delta),  dQ += dS K   (B = the K^T tile)
+// 3xTF32 follows the forward's accuracy rule (each k-step of S, dP in a fresh
+// accumulator; at most 4 k-steps per fresh accumulator of dK, dV, dQ before a rounded
+// add); one TF32 pass accumulates on the tensor cores. Invisible entries (causal, past
+// either sequence end) are selected to zero, never multiplied by zero.
+//
+// Needs: head_dim == head_dim_v, head_dim % 8 == 0, 16-byte aligned rows.
+//
+// Shared memory, PARTS = 2 (big, small) for 3xTF32, else 1; names and order as
+// plan.BwdDkdvWgmmaConfig.layout:
+//   k_tile     [PARTS][BLOCK_N x D_PAD]   float  core matrices (wgmma.cuh)
+//   v_tile     [PARTS][BLOCK_N x D_PAD]   float
+//   q_tile     [PARTS][BLOCK_M x D_PAD]   float
+//   do_tile    [PARTS][BLOCK_M x D_PAD]   float
+//   qt_tile    [PARTS][D_PAD x BLOCK_M]   float  Q transposed, query slots permuted
+//   dot_tile   [PARTS][D_PAD x BLOCK_M]   float  dO transposed
+//   q_raw      [BLOCK_M][D_PAD + 4]       float  cp.async staging, rows padded by 16 bytes
+//   do_raw     [BLOCK_M][D_PAD + 4]       float
+//   lse_tile   [BLOCK_M]                  float  lse * log2(e), 0 past the end
+//   delta_tile [BLOCK_M]                  float
+// and as plan.BwdDqWgmmaConfig.layout:
+//   q_tile     [PARTS][BLOCK_M x D_PAD]   float
+//   do_tile    [PARTS][BLOCK_M x D_PAD]   float
+//   k_tile     [PARTS][BLOCK_N x D_PAD]   float
+//   v_tile     [PARTS][BLOCK_N x D_PAD]   float
+//   kt_tile    [PARTS][D_PAD x BLOCK_N]   float  K transposed, key slots permuted
+//   k_raw      [BLOCK_N][D_PAD + 4]       float
+//   v_raw      [BLOCK_N][D_PAD + 4]       float
+#pragma once
+
+#include "attn_bwd_simt.cuh"  // attn_bwd_delta, LOG2E
+#include "simt_tiles.cuh"
+#include "wgmma_tiles.cuh"
+
+namespace cupyattn {
+
+template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
+struct BwdDkdvWgmmaLayout {
+    static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
+    static constexpr int RAW_STRIDE = D_PAD + 4;
+    static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4, TILE_M = PARTS * BLOCK_M * D_PAD * 4;
+    static constexpr int k_tile = 0;
+    static constexpr int v_tile = k_tile + TILE_N;
+    static constexpr int q_tile = v_tile + TILE_N;
+    static constexpr int do_tile = q_tile + TILE_M;
+    static constexpr int qt_tile = do_tile + TILE_M;
+    static constexpr int dot_tile = qt_tile + TILE_M;
+    static constexpr int q_raw = dot_tile + TILE_M;
+    static constexpr int do_raw = q_raw + BLOCK_M * RAW_STRIDE * 4;
+    static constexpr int lse_tile = do_raw + BLOCK_M * RAW_STRIDE * 4;
+    static constexpr int delta_tile = align16(lse_tile + BLOCK_M * 4);
+    static constexpr int total = delta_tile + BLOCK_M * 4;
+    static constexpr int num_buffers = 10;
+    static constexpr int offsets[num_buffers] = {k_tile, v_tile, q_tile, do_tile, qt_tile,
+                                                 dot_tile, q_raw, do_raw, lse_tile, delta_tile};
+};
+
+template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
+struct BwdDqWgmmaLayout {
+    static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
+    static constexpr int RAW_STRIDE = D_PAD + 4;
+    static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4, TILE_M = PARTS * BLOCK_M * D_PAD * 4;
+    static constexpr int q_tile = 0;
+    static constexpr int do_tile = q_tile + TILE_M;
+    static constexpr int k_tile = do_tile + TILE_M;
+    static constexpr int v_tile = k_tile + TILE_N;
+    static constexpr int kt_tile = v_tile + TILE_N;
+    static constexpr int k_raw = kt_tile + TILE_N;
+    static constexpr int v_raw = k_raw + BLOCK_N * RAW_STRIDE * 4;
+    static constexpr int total = v_raw + BLOCK_N * RAW_STRIDE * 4;
+    static constexpr int num_buffers = 7;
+    static constexpr int offsets[num_buffers] = {q_tile, do_tile, k_tile, v_tile, kt_tile, k_raw, v_raw};
+};
+
+// Write a warpgroup's 64-row accumulator (CHUNKS x CN columns) times `scale`: this
+// lane's rows g and g + 8 of its warp's 16, from row 0 of dst, rows [0, valid_rows)
+// and columns [0, valid_cols) only.
+template <int CHUNKS, int CN>
+__device__ __forceinline__ void store_wg_acc(float* dst, long long dst_stride, const float (&acc)[CHUNKS][CN / 8][4],
+                                             float scale, int valid_rows, int valid_cols, int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = g + half * 8;
+        if (r >= valid_rows) continue;
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c)
+#pragma unroll
+            for (int j = 0; j < CN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = c * CN + j * 8 + 2 * t + e;
+                    if (col < valid_cols) dst[r * dst_stride + col] = acc[c][j][half * 2 + e] * scale;
+                }
+    }
+}
+
+template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                    const float* __restrict__ dout, const float* __restrict__ lse,
+                    const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
+                    long long q_sb, long long q_ss, long long q_sh,
+                    long long k_sb, long long k_ss, long long k_sh,
+                    long long v_sb, long long v_ss, long long v_sh,
+                    long long do_sb, long long do_ss, long long do_sh,
+                    long long dk_sb, long long dk_ss, long long dk_sh,
+                    long long dv_sb, long long dv_ss, long long dv_sh,
+                    int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
+                    int head_dim, int head_dim_v, int num_n_tiles,
+                    float scale, float scale_log2, int causal_offset) {
+    static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dkdv_mma does)");
+    constexpr int PASSES = Op::passes;
+    using L = BwdDkdvWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>;
+    constexpr int THREADS = NUM_WARPS * 32;
+    constexpr int K_STEPS = D_PAD / 8;     // k-steps of K Q^T and V dO^T
+    constexpr int M_BLOCKS = BLOCK_M / 8;  // 8-query column blocks of S^T, the k-steps of dV and dK
+    constexpr int CN = chunk_columns<PASSES, D_PAD>();
+    constexpr int CHUNKS = D_PAD / CN;
+    constexpr int KG = PASSES == 3 && M_BLOCKS > 4 ? 4 : M_BLOCKS;
+    static_assert(NUM_WARPS % 4 == 0 && BLOCK_N == 16 * NUM_WARPS, "each warpgroup owns 64 keys");
+    static_assert(BLOCK_M == 16 || BLOCK_M == 32 || BLOCK_M == 64, "wgmma.cuh has n16, n32, n64");
+    static_assert(D_PAD % 16 == 0 && M_BLOCKS % KG == 0, "tile shape");
+    constexpr int KV_PART = BLOCK_N * D_PAD, Q_PART = BLOCK_M * D_PAD;  // words per TF32 part
+
+    extern __shared__ __align__(128) unsigned char smem[];
+    float* k_tile = reinterpret_cast<float*>(smem + L::k_tile);
+    float* v_tile = reinterpret_cast<float*>(smem + L::v_tile);
+    float* q_tile = reinterpret_cast<float*>(smem + L::q_tile);
+    float* do_tile = reinterpret_cast<float*>(smem + L::do_tile);
+    float* qt_tile = reinterpret_cast<float*>(smem + L::qt_tile);
+    float* dot_tile = reinterpret_cast<float*>(smem + L::dot_tile);
+    float* q_raw = reinterpret_cast<float*>(smem + L::q_raw);
+    float* do_raw = reinterpret_cast<float*>(smem + L::do_raw);
+    float* lse_tile = reinterpret_cast<float*>(smem + L::lse_tile);
+    float* delta_tile = reinterpret_cast<float*>(smem + L::delta_tile);
+
+    const int warp = threadIdx.x / 32, wg = warp / 4;
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const long long block = blockIdx.x;
+    const int n_tile = (int)(block % num_n_tiles);
+    const long long bh = block / num_n_tiles;
+    const int h_kv = (int)(bh % n_heads_kv);
+    const long long b = bh / n_heads_kv;
+    const int group = n_heads_q / n_heads_kv;
+    const int n0 = n_tile * BLOCK_N;
+    const int wg_key0 = n0 + wg * 64;            // this warpgroup's first key
+    const int key0 = wg_key0 + (warp % 4) * 16;  // this warp's
+
+    // K and V, once, from global memory (zeros past the last key).
+    split_rows_global<PASSES, BLOCK_N, D_PAD, THREADS>(k_tile, KV_PART, k + b * k_sb + h_kv * k_sh + n0 * k_ss,
+                                                       k_ss, seqlen_k - n0, head_dim);
+    split_rows_global<PASSES, BLOCK_N, D_PAD, THREADS>(v_tile, KV_PART, v + b * v_sb + h_kv * v_sh + n0 * v_ss,
+                                                       v_ss, seqlen_k - n0, head_dim_v);
+
+    // Work items: (query head of the group, query tile), query tiles that can see a key
+    // of this block only (causal: from n0 - causal_offset on).
+    const int m_begin = CAUSAL ? max(0, n0 - causal_offset) / BLOCK_M * BLOCK_M : 0;
+    const int m_tiles = m_begin < seqlen_q ? (seqlen_q - m_begin + BLOCK_M - 1) / BLOCK_M : 0;
+    const int n_items = group * m_tiles;
+    float lse_next = 0.0f, delta_next = 0.0f;  // thread i < BLOCK_M: query row i of the next item
+    auto load_item = [&](int item) {
+        const int hq = h_kv * group + item / m_tiles;
+        const int m0 = m_begin + (item % m_tiles) * BLOCK_M;
+        cp_async_tile<float, BLOCK_M, D_PAD, L::RAW_STRIDE, THREADS>(
+            q_raw, q + b * q_sb + hq * q_sh + m0 * q_ss, q_ss, seqlen_q - m0, head_dim);
+        cp_async_tile<float, BLOCK_M, D_PAD, L::RAW_STRIDE, THREADS>(
+            do_raw, dout + b * do_sb + hq * do_sh + m0 * do_ss, do_ss, seqlen_q - m0, head_dim_v);
+        const int i = threadIdx.x;
+        if (i < BLOCK_M) {  // plain loads, stored to shared memory with the next split
+            const long long row = (b * n_heads_q + hq) * (long long)seqlen_q + m0 + i;
+            const bool ok = m0 + i < seqlen_q;
+            lse_next = ok ? lse[row] * LOG2E : 0.0f;
+            delta_next = ok ? delta[row] : 0.0f;
+        }
+    };
+    if (n_items > 0) load_item(0);
+    cp_async_commit();
+
+    float acc[2][CHUNKS][CN / 8][4];  // dV, dK
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) zero_acc(acc[p][c]);
+    const unsigned k_addr = wg_smem_addr(k_tile) + wg * 8 * 128;  // the warpgroup's 8 row groups
+    const unsigned v_addr = wg_smem_addr(v_tile) + wg * 8 * 128;
+    const unsigned q_addr = wg_smem_addr(q_tile), do_addr = wg_smem_addr(do_tile);
+    const unsigned qt_addr = wg_smem_addr(qt_tile), dot_addr = wg_smem_addr(dot_tile);
+
+    for (int item = 0; item < n_items; ++item) {
+        cp_async_wait<0>();
+        __syncthreads();  // the raw tiles are in; every warpgroup is done with the last TF32 tiles
+        split_both<PASSES, BLOCK_M, D_PAD, L::RAW_STRIDE, THREADS>(q_tile, qt_tile, Q_PART, q_raw);
+        split_both<PASSES, BLOCK_M, D_PAD, L::RAW_STRIDE, THREADS>(do_tile, dot_tile, Q_PART, do_raw);
+        if (threadIdx.x < BLOCK_M) {
+            lse_tile[threadIdx.x] = lse_next;
+            delta_tile[threadIdx.x] = delta_next;
+        }
+        fence_proxy_async();
+        __syncthreads();  // TF32 tiles written (and visible to wgmma); the raw tiles are free
+        if (item + 1 < n_items) load_item(item + 1);
+        cp_async_commit();
+
+        const int m0 = m_begin + (item % m_tiles) * BLOCK_M;
+        // A warpgroup whose keys are all past the end or after every query's diagonal
+        // has nothing to add (uniform per warpgroup, as wgmma needs).
+        if (wg_key0 >= seqlen_k || (CAUSAL && wg_key0 > m0 + BLOCK_M - 1 + causal_offset)) continue;
+
+        float sdp[2][M_BLOCKS][4];  // S^T, dP^T
+        rows_by_rows<PASSES, 2, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(sdp, {k_addr, v_addr}, KV_PART * 4,
+                                                                    {q_addr, do_addr}, Q_PART * 4);
+        const bool needs_mask = m0 + BLOCK_M > seqlen_q || key0 + 16 > seqlen_k ||
+                                (CAUSAL && key0 + 15 > m0 + causal_offset);
+#pragma unroll
+        for (int j = 0; j < M_BLOCKS; ++j)
+#pragma unroll
+            for (int e4 = 0; e4 < 4; ++e4) {
+                const int key = key0 + g + (e4 / 2) * 8;
+                const int col = j * 8 + 2 * t + e4 % 2;  // query row within the tile
+                const int row = m0 + col;
+                const bool visible = !needs_mask ||
+                                     (row < seqlen_q && key < seqlen_k && (!CAUSAL || key <= row + causal_offset));
+                const float p = visible ? exp2f(sdp[0][j][e4] * scale_log2 - lse_tile[col]) : 0.0f;
+                sdp[1][j][e4] = visible ? p * (sdp[1][j][e4] - delta_tile[col]) : 0.0f;
+                sdp[0][j][e4] = p;
+            }
+        Tf32Words<PASSES, 4> a[2][M_BLOCKS];  // P^T and dS^T as register A operands
+        a_words(a[0], sdp[0]);
+        a_words(a[1], sdp[1]);
+        regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(acc, a, {dot_addr, qt_addr}, Q_PART * 4);
+    }
+    cp_async_wait<0>();
+
+    const long long at_k = b * dk_sb + h_kv * dk_sh + key0 * dk_ss, at_v = b * dv_sb + h_kv * dv_sh + key0 * dv_ss;
+    store_wg_acc<CHUNKS, CN>(dk + at_k, dk_ss, acc[1], scale, seqlen_k - key0, head_dim, lane);
+    store_wg_acc<CHUNKS, CN>(dv + at_v, dv_ss, acc[0], 1.0f, seqlen_k - key0, head_dim_v, lane);
+}
+
+template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                  const float* __restrict__ dout, const float* __restrict__ lse,
+                  const float* __restrict__ delta, float* __restrict__ dq,
+                  long long q_sb, long long q_ss, long long q_sh,
+                  long long k_sb, long long k_ss, long long k_sh,
+                  long long v_sb, long long v_ss, long long v_sh,
+                  long long do_sb, long long do_ss, long long do_sh,
+                  long long dq_sb, long long dq_ss, long long dq_sh,
+                  int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
+                  int head_dim, int head_dim_v, int num_m_tiles,
+                  float scale, float scale_log2, int causal_offset) {
+    static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dq_mma does)");
+    constexpr int PASSES = Op::passes;
+    using L = BwdDqWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>;
+    constexpr int THREADS = NUM_WARPS * 32;
+    constexpr int K_STEPS = D_PAD / 8;
+    constexpr int N_BLOCKS = BLOCK_N / 8;  // 8-key column blocks of S, the k-steps of dS K
+    constexpr int CN = chunk_columns<PASSES, D_PAD>();
+    constexpr int CHUNKS = D_PAD / CN;
+    constexpr int KG = PASSES == 3 && N_BLOCKS > 4 ? 4 : N_BLOCKS;
+    static_assert(NUM_WARPS % 4 == 0 && BLOCK_M == 16 * NUM_WARPS, "each warpgroup owns 64 query rows");
+    static_assert(BLOCK_N == 16 || BLOCK_N == 32 || BLOCK_N == 64, "wgmma.cuh has n16, n32, n64");
+    static_assert(D_PAD % 16 == 0 && N_BLOCKS % KG == 0, "tile shape");
+    constexpr int Q_PART = BLOCK_M * D_PAD, KV_PART = BLOCK_N * D_PAD;
+
+    extern __shared__ __align__(128) unsigned char smem[];
+    float* q_tile = reinterpret_cast<float*>(smem + L::q_tile);
+    float* do_tile = reinterpret_cast<float*>(smem + L::do_tile);
+    float* k_tile = reinterpret_cast<float*>(smem + L::k_tile);
+    float* v_tile = reinterpret_cast<float*>(smem + L::v_tile);
+    float* kt_tile = reinterpret_cast<float*>(smem + L::kt_tile);
+    float* k_raw = reinterpret_cast<float*>(smem + L::k_raw);
+    float* v_raw = reinterpret_cast<float*>(smem + L::v_raw);
+
+    const int warp = threadIdx.x / 32, wg = warp / 4;
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const QueryBlock qb = query_block<BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
+    const int m0 = qb.m0;
+    const int wg_row0 = m0 + wg * 64;
+    const int warp_row0 = wg_row0 + (warp % 4) * 16;
+    k += qb.b * k_sb + qb.h_kv * k_sh;
+    v += qb.b * v_sb + qb.h_kv * v_sh;
+
+    const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
+    const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+    auto load_raw = [&](int tile) {
+        const int n0 = tile * BLOCK_N;
+        cp_async_tile<float, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(k_raw, k + n0 * k_ss, k_ss, n_end - n0,
+                                                                     head_dim);
+        cp_async_tile<float, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(v_raw, v + n0 * v_ss, v_ss, n_end - n0,
+                                                                     head_dim_v);
+    };
+    if (n_tiles > 0) load_raw(0);
+    cp_async_commit();
+
+    // Q and dO, once, from global memory (zeros past the last row).
+    split_rows_global<PASSES, BLOCK_M, D_PAD, THREADS>(q_tile, Q_PART, q + qb.b * q_sb + qb.h * q_sh + m0 * q_ss,
+                                                       q_ss, seqlen_q - m0, head_dim);
+    split_rows_global<PASSES, BLOCK_M, D_PAD, THREADS>(
+        do_tile, Q_PART, dout + qb.b * do_sb + qb.h * do_sh + m0 * do_ss, do_ss, seqlen_q - m0, head_dim_v);
+
+    // This thread's rows (g and g + 8 of the warp): lse (base 2) and delta.
+    float lse_log2[2], dlt[2];
+    const long long row_base = (qb.b * n_heads_q + qb.h) * (long long)seqlen_q;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = warp_row0 + g + half * 8;
+        lse_log2[half] = row < seqlen_q ? lse[row_base + row] * LOG2E : 0.0f;
+        dlt[half] = row < seqlen_q ? delta[row_base + row] : 0.0f;
+    }
+
+    float dq_acc[1][CHUNKS][CN / 8][4];
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) zero_acc(dq_acc[0][c]);
+    const unsigned q_addr = wg_smem_addr(q_tile) + wg * 8 * 128;  // the warpgroup's 8 row groups
+    const unsigned do_addr = wg_smem_addr(do_tile) + wg * 8 * 128;
+    const unsigned k_addr = wg_smem_addr(k_tile), v_addr = wg_smem_addr(v_tile), kt_addr = wg_smem_addr(kt_tile);
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        cp_async_wait<0>();
+        __syncthreads();  // the raw tiles are in; every warpgroup is done with the last TF32 tiles
+        split_both<PASSES, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(k_tile, kt_tile, KV_PART, k_raw);
+        split_rows<PASSES, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(v_tile, KV_PART, v_raw);
+        fence_proxy_async();
+        __syncthreads();  // TF32 tiles written (and visible to wgmma); the raw tiles are free
+        if (tile + 1 < n_tiles) load_raw(tile + 1);
+        cp_async_commit();
+
+        const int n0 = tile * BLOCK_N;
+        if (CAUSAL && n0 > wg_row0 + 63 + causal_offset) continue;  // uniform per warpgroup
+
+        float sdp[2][N_BLOCKS][4];  // S, dP
+        rows_by_rows<PASSES, 2, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(sdp, {q_addr, do_addr}, Q_PART * 4,
+                                                                    {k_addr, v_addr}, KV_PART * 4);
+        const bool needs_mask = warp_row0 + 16 > seqlen_q || n0 + BLOCK_N > seqlen_k ||
+                                (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
+#pragma unroll
+        for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+            for (int e4 = 0; e4 < 4; ++e4) {
+                const int half = e4 / 2;
+                const int row = warp_row0 + g + half * 8;
+                const int key = n0 + j * 8 + 2 * t + e4 % 2;
+                const bool visible = !needs_mask ||
+                                     (row < seqlen_q && key < seqlen_k && (!CAUSAL || key <= row + causal_offset));
+                const float p = visible ? exp2f(sdp[0][j][e4] * scale_log2 - lse_log2[half]) : 0.0f;
+                sdp[1][j][e4] = visible ? p * (sdp[1][j][e4] - dlt[half]) : 0.0f;
+            }
+        Tf32Words<PASSES, 4> a[1][N_BLOCKS];  // dS as the register A operand
+        a_words(a[0], sdp[1]);
+        regs_by_transposed<PASSES, 1, CN, CHUNKS, N_BLOCKS, KG, D_PAD>(dq_acc, a, {kt_addr}, KV_PART * 4);
+    }
+    cp_async_wait<0>();
+
+    store_wg_acc<CHUNKS, CN>(dq + qb.b * dq_sb + qb.h * dq_sh + (long long)warp_row0 * dq_ss, dq_ss, dq_acc[0], scale,
+                             seqlen_q - warp_row0, head_dim, lane);
+}
+
+}  // namespace cupyattn

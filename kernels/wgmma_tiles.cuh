@@ -1,0 +1,299 @@
+// TF32 operand tiles for wgmma (wgmma.cuh's core-matrix layout) and the two product
+// shapes of the wgmma attention kernels, shared by the forward (attn_fwd_wgmma.cuh)
+// and the backward (attn_bwd_wgmma.cuh). PASSES = 3: 3xTF32, every operand as big
+// and small TF32 parts, stored PART words apart; PASSES = 1: one TF32 part.
+//
+//   split_rows         float32 rows -> an R-row tile (the operand of A B^T)
+//   split_transposed   float32 rows -> the transposed tile, R rows becoming the k
+//                      dimension in the order a register A operand takes them
+//   split_both         both of the above from one read
+//   rows_by_rows       d = A B^T, A 64 rows and B N rows of such tiles, in shared memory
+//   regs_by_transposed acc += A B, A in registers (from accumulators), B a transposed tile
+//
+// Register A operands come from m64nN accumulators: lane (g, t) holds columns 2t and
+// 2t + 1 of every 8, where the A operand wants k t and t + 4, so within each 8 the k
+// order is permuted: slot t holds column 2t, slot t + 4 column 2t + 1 (mma.cuh,
+// MmaTf32). split_transposed stores its rows in that slot order.
+#pragma once
+
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+namespace cupyattn {
+
+// 4 consecutive float32 values as TF32 parts: 16 bytes at word `at` of big (and small).
+template <int PASSES>
+__device__ __forceinline__ void store_parts(float* big, float* small, int at, float4 x) {
+    Tf32Words<PASSES, 4> w;
+    w.set(0, x.x);
+    w.set(1, x.y);
+    w.set(2, x.z);
+    w.set(3, x.w);
+    *reinterpret_cast<uint4*>(big + at) = make_uint4(w.big[0], w.big[1], w.big[2], w.big[3]);
+    if constexpr (PASSES == 3)
+        *reinterpret_cast<uint4*>(small + at) = make_uint4(w.small[0], w.small[1], w.small[2], w.small[3]);
+}
+
+__device__ __forceinline__ unsigned pick4(const unsigned (&w)[4], int i) {
+    return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
+}
+
+// The R x D_PAD tile (parts PART words apart) from global rows (row stride `stride`
+// floats, 16-byte aligned), zeros from row valid_rows and column valid_cols on.
+// Chunk i (4 columns of one row) lands at word 4i, rows fastest within 8-row groups.
+template <int PASSES, int R, int D_PAD, int THREADS>
+__device__ __forceinline__ void split_rows_global(float* tile, int part, const float* src, long long stride,
+                                                  int valid_rows, int valid_cols) {
+#pragma unroll 1
+    for (int i = threadIdx.x; i < R * D_PAD / 4; i += THREADS) {
+        const int r = (i / 8) % (R / 8) * 8 + i % 8, c = i / R * 4;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < valid_rows && c < valid_cols) x = *reinterpret_cast<const float4*>(src + r * stride + c);
+        store_parts<PASSES>(tile, tile + part, 4 * i, x);
+    }
+}
+
+// As split_rows_global from a staging tile in shared memory (row stride RAW_STRIDE,
+// already zero-filled): raw rows r..r+7 of one column chunk per 8 lanes, 16 bytes apart
+// in banks (padded rows), 128 contiguous bytes out.
+template <int PASSES, int R, int D_PAD, int RAW_STRIDE, int THREADS>
+__device__ __forceinline__ void split_rows(float* tile, int part, const float* raw) {
+#pragma unroll 1
+    for (int i = threadIdx.x; i < R * D_PAD / 4; i += THREADS) {
+        const int r = (i / 8) % (R / 8) * 8 + i % 8, c = i / R * 4;
+        store_parts<PASSES>(tile, tile + part, 4 * i, *reinterpret_cast<const float4*>(raw + r * RAW_STRIDE + c));
+    }
+}
+
+// The transposed tile (D_PAD rows, R slots of k) of a staging tile of R rows: element
+// (d, slot) with slot the row's place in the register A operand's k order (above). A
+// lane reads 4 columns d of one row and writes them to 4 rows of the transpose,
+// starting at (e + s) % 4 so that a warp's stores hit 32 banks.
+template <int PASSES, int R, int D_PAD, int RAW_STRIDE, int THREADS>
+__device__ __forceinline__ void split_transposed(float* tile, int part, const float* raw) {
+    constexpr int R_BLOCKS = R / 8;
+#pragma unroll 1
+    for (int i = threadIdx.x; i < R * D_PAD / 4; i += THREADS) {
+        const int r8 = i % 8, c_lo = (i / 8) % 4, rest = i / 32;
+        const int r = rest % R_BLOCKS * 8 + r8, cc = rest / R_BLOCKS * 4 + c_lo;
+        const int slot = rest % R_BLOCKS * 8 + (r8 % 2) * 4 + r8 / 2;
+        const float4 x = *reinterpret_cast<const float4*>(raw + r * RAW_STRIDE + 4 * cc);
+        Tf32Words<PASSES, 4> w;
+        w.set(0, x.x);
+        w.set(1, x.y);
+        w.set(2, x.z);
+        w.set(3, x.w);
+        const int s = r8 % 2 + 2 * ((c_lo / 2) % 2);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int idx = (e + s) % 4;
+            const int at = core_offset<D_PAD>(4 * cc + idx, slot);
+            reinterpret_cast<unsigned*>(tile)[at] = pick4(w.big, idx);
+            if constexpr (PASSES == 3) reinterpret_cast<unsigned*>(tile + part)[at] = pick4(w.small, idx);
+        }
+    }
+}
+
+// split_rows and split_transposed of the same staging tile in one pass (one shared-memory
+// read and one split per 16-byte chunk): the backward needs Q and dO (dK/dV) and K (dQ)
+// both ways. The reads and the transposed stores are split_transposed's; each lane's
+// 16-byte row store lands in one row of a core matrix.
+template <int PASSES, int R, int D_PAD, int RAW_STRIDE, int THREADS>
+__device__ __forceinline__ void split_both(float* rows, float* transposed, int part, const float* raw) {
+    constexpr int R_BLOCKS = R / 8;
+#pragma unroll 1
+    for (int i = threadIdx.x; i < R * D_PAD / 4; i += THREADS) {
+        const int r8 = i % 8, c_lo = (i / 8) % 4, rest = i / 32;
+        const int r = rest % R_BLOCKS * 8 + r8, cc = rest / R_BLOCKS * 4 + c_lo;
+        const int slot = rest % R_BLOCKS * 8 + (r8 % 2) * 4 + r8 / 2;
+        const float4 x = *reinterpret_cast<const float4*>(raw + r * RAW_STRIDE + 4 * cc);
+        Tf32Words<PASSES, 4> w;
+        w.set(0, x.x);
+        w.set(1, x.y);
+        w.set(2, x.z);
+        w.set(3, x.w);
+        const int at = core_offset<R>(r, 4 * cc);
+        *reinterpret_cast<uint4*>(rows + at) = make_uint4(w.big[0], w.big[1], w.big[2], w.big[3]);
+        if constexpr (PASSES == 3)
+            *reinterpret_cast<uint4*>(rows + part + at) = make_uint4(w.small[0], w.small[1], w.small[2], w.small[3]);
+        const int s = r8 % 2 + 2 * ((c_lo / 2) % 2);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int idx = (e + s) % 4;
+            const int t_at = core_offset<D_PAD>(4 * cc + idx, slot);
+            reinterpret_cast<unsigned*>(transposed)[t_at] = pick4(w.big, idx);
+            if constexpr (PASSES == 3) reinterpret_cast<unsigned*>(transposed + part)[t_at] = pick4(w.small, idx);
+        }
+    }
+}
+
+template <int NB>
+__device__ __forceinline__ void zero_acc(float (&d)[NB][4]) {
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[j][e] = 0.0f;
+}
+
+// d[p] = A_p B_p^T for NP products of the same shape, over K_STEPS k-steps of 8: A_p the
+// 64 rows at a_addr[p] of an A_ROWS-row tile, B_p an N-row tile at b_addr[p]; small parts
+// A_PART / B_PART bytes after the big ones. All products go out before the first wait,
+// so the tensor cores have NP chains to overlap.
+// The tensor cores truncate their float32 sums, so long chains of them bias results
+// toward zero (mma.cuh): 3xTF32 sums each k-step in a fresh accumulator and adds it to
+// d with a rounded add (two accumulators alternate, so the next k-step runs during the
+// add). One TF32 pass accumulates straight into d.
+template <int PASSES, int NP, int N, int K_STEPS, int A_ROWS, int B_ROWS>
+__device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const unsigned (&a_addr)[NP], unsigned a_part,
+                                             const unsigned (&b_addr)[NP], unsigned b_part) {
+    using Wg = WgmmaTf32<N>;
+    constexpr unsigned A_STEP = 2 * (A_ROWS / 8) * 128, B_STEP = 2 * (B_ROWS / 8) * 128;  // bytes per k-step
+    if constexpr (PASSES == 3) {
+#pragma unroll
+        for (int p = 0; p < NP; ++p) zero_acc(d[p]);
+        float step[2][NP][N / 8][4];
+#pragma unroll
+        for (int ks = 0; ks < K_STEPS; ++ks) {
+            wgmma_fence();
+#pragma unroll
+            for (int p = 0; p < NP; ++p) {
+                const unsigned a = a_addr[p] + ks * A_STEP, b = b_addr[p] + ks * B_STEP;
+                const auto a_big = wgmma_desc<A_ROWS>(a), a_small = wgmma_desc<A_ROWS>(a + a_part);
+                const auto b_big = wgmma_desc<B_ROWS>(b), b_small = wgmma_desc<B_ROWS>(b + b_part);
+                Wg::template ss<false>(step[ks % 2][p], a_small, b_big);
+                Wg::template ss<true>(step[ks % 2][p], a_big, b_small);
+                Wg::template ss<true>(step[ks % 2][p], a_big, b_big);
+            }
+            wgmma_commit();
+            if (ks > 0) {
+                wgmma_wait<1>();
+#pragma unroll
+                for (int p = 0; p < NP; ++p) {
+                    fence_operand(step[(ks + 1) % 2][p]);
+#pragma unroll
+                    for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) d[p][j][e] += step[(ks + 1) % 2][p][j][e];
+                }
+            }
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+            fence_operand(step[(K_STEPS - 1) % 2][p]);
+#pragma unroll
+            for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) d[p][j][e] += step[(K_STEPS - 1) % 2][p][j][e];
+        }
+    } else {
+        wgmma_fence();
+#pragma unroll
+        for (int p = 0; p < NP; ++p)
+#pragma unroll
+            for (int ks = 0; ks < K_STEPS; ++ks) {
+                const auto a = wgmma_desc<A_ROWS>(a_addr[p] + ks * A_STEP);
+                const auto b = wgmma_desc<B_ROWS>(b_addr[p] + ks * B_STEP);
+                if (ks == 0)
+                    Wg::template ss<false>(d[p], a, b);
+                else
+                    Wg::template ss<true>(d[p], a, b);
+            }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int p = 0; p < NP; ++p) fence_operand(d[p]);
+    }
+}
+
+// The register A operand of the k-step at accumulator block kb (slot order above).
+template <int PASSES, int NB>
+__device__ __forceinline__ void a_words(Tf32Words<PASSES, 4> (&a)[NB], const float (&x)[NB][4]) {
+#pragma unroll
+    for (int kb = 0; kb < NB; ++kb) {
+        a[kb].set(0, x[kb][0]);
+        a[kb].set(1, x[kb][2]);
+        a[kb].set(2, x[kb][1]);
+        a[kb].set(3, x[kb][3]);
+    }
+}
+
+// acc[p][c] (CHUNKS chunks of CN columns) += A_p B_p for NP products, issued together:
+// A_p from registers (K_BLOCKS k-steps of 8, a_words), B_p the transposed tile at
+// bt_addr[p] (D_PAD rows = the output columns, small part B_PART bytes on). 3xTF32 sums
+// at most KG k-steps (3 KG products) per fresh accumulator before its rounded add to acc
+// (scripts/tf32_error_model.py, wgmma column); one TF32 pass adds straight into acc.
+template <int PASSES, int NP, int CN, int CHUNKS, int K_BLOCKS, int KG, int D_PAD>
+__device__ __forceinline__ void regs_by_transposed(float (&acc)[NP][CHUNKS][CN / 8][4],
+                                                   Tf32Words<PASSES, 4> (&a)[NP][K_BLOCKS],
+                                                   const unsigned (&bt_addr)[NP], unsigned b_part) {
+    using Wg = WgmmaTf32<CN>;
+    static_assert(K_BLOCKS % KG == 0, "whole groups of k-steps");
+    // Core matrix (slot kb * 8 / 4, row c * CN / 8) of a transposed tile.
+    auto b_at = [](unsigned bt, int kb, int c) { return bt + ((kb * 2) * (D_PAD / 8) + c * CN / 8) * 128; };
+    if constexpr (PASSES == 3) {
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c)
+#pragma unroll
+            for (int k0 = 0; k0 < K_BLOCKS; k0 += KG) {
+                float part[NP][CN / 8][4];
+                wgmma_fence();
+#pragma unroll
+                for (int p = 0; p < NP; ++p)
+#pragma unroll
+                    for (int kb = k0; kb < k0 + KG; ++kb) {
+                        const unsigned b = b_at(bt_addr[p], kb, c);
+                        const auto b_big = wgmma_desc<D_PAD>(b), b_small = wgmma_desc<D_PAD>(b + b_part);
+                        if (kb == k0)
+                            Wg::template rs<false>(part[p], a[p][kb].small, b_big);
+                        else
+                            Wg::template rs<true>(part[p], a[p][kb].small, b_big);
+                        Wg::template rs<true>(part[p], a[p][kb].big, b_small);
+                        Wg::template rs<true>(part[p], a[p][kb].big, b_big);
+                    }
+                wgmma_commit();
+                wgmma_wait<0>();
+#pragma unroll
+                for (int p = 0; p < NP; ++p) {
+#pragma unroll
+                    for (int kb = k0; kb < k0 + KG; ++kb) {
+                        fence_operand(a[p][kb].big);
+                        fence_operand(a[p][kb].small);
+                    }
+                    fence_operand(part[p]);
+#pragma unroll
+                    for (int j = 0; j < CN / 8; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc[p][c][j][e] += part[p][j][e];
+                }
+            }
+    } else {
+        wgmma_fence();
+#pragma unroll
+        for (int p = 0; p < NP; ++p)
+#pragma unroll
+            for (int c = 0; c < CHUNKS; ++c)
+#pragma unroll
+                for (int kb = 0; kb < K_BLOCKS; ++kb)
+                    Wg::template rs<true>(acc[p][c], a[p][kb].big, wgmma_desc<D_PAD>(b_at(bt_addr[p], kb, c)));
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+#pragma unroll
+            for (int kb = 0; kb < K_BLOCKS; ++kb) fence_operand(a[p][kb].big);
+#pragma unroll
+            for (int c = 0; c < CHUNKS; ++c) fence_operand(acc[p][c]);
+        }
+    }
+}
+
+// Output columns per wgmma of a product into a D_PAD-column accumulator: the widest
+// that divides the head dim; 3xTF32 sums into a fresh accumulator of at most 64.
+template <int PASSES, int D_PAD>
+__host__ __device__ constexpr int chunk_columns() {
+    constexpr int MAX = PASSES == 3 ? 64 : 128;
+    return D_PAD % MAX == 0 ? MAX : D_PAD % 64 == 0 ? 64 : D_PAD % 32 == 0 ? 32 : 16;
+}
+
+}  // namespace cupyattn
