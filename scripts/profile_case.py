@@ -3,7 +3,7 @@
 The warm-up pair compiles and loads every kernel, so the profiler sees the second
 pair only (skip the warm-up launches with --launch-skip). On the GPU machine:
 
-    ncu --clock-control none -k 'regex:attn_(fwd|bwd_dkdv|bwd_dq)_mma' --launch-skip 3 \\
+    ncu --clock-control none -k 'regex:attn_(fwd|bwd_dkdv|bwd_dq)_(mma|wgmma)' --launch-skip 3 \\
         --launch-count 3 --section SpeedOfLight --section WarpStateStats \\
         python3 scripts/profile_case.py --dim 128 --seqlen 4096
 """
