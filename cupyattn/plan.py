@@ -373,6 +373,12 @@ class WgmmaConfig:
     def layout_expression(self) -> str:
         return f"{self.LAYOUT}<{MMA_OPS[self.precision]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}>"
 
+    def _valid_tile(self, owned: int, streamed: int) -> bool:
+        """What the kernels' static_asserts accept: float32 in a TF32 mode, 64 owned rows
+        (queries or keys) a warpgroup, a streamed tile wgmma.cuh has an n-size for."""
+        return (self.dtype == "float32" and self.precision in ("fp32", "tf32") and self.num_warps % 4 == 0
+                and owned == 16 * self.num_warps and streamed in (16, 32, 64) and self.head_dim_pad % 16 == 0)
+
     def _tf32_tile(self, builder: LayoutBuilder, name: str, shape: tuple, what: str = "") -> LayoutBuilder:
         parts = "TF32 big and small parts (3xTF32)" if self.parts == 2 else "TF32"
         note = f"{parts}, in 8-row x 16-byte core matrices (wgmma operands, no swizzle)"
@@ -394,9 +400,7 @@ class FwdWgmmaConfig(WgmmaConfig, FwdMmaConfig):
 
     @property
     def valid(self) -> bool:
-        return (self.dtype == "float32" and self.precision in ("fp32", "tf32") and self.num_warps % 4 == 0
-                and self.block_m == 16 * self.num_warps and self.block_n in (16, 32, 64)
-                and self.head_dim_pad % 16 == 0)
+        return self._valid_tile(owned=self.block_m, streamed=self.block_n)
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
@@ -523,9 +527,7 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
 
     @property
     def valid(self) -> bool:
-        return (self.dtype == "float32" and self.precision in ("fp32", "tf32") and self.num_warps % 4 == 0
-                and self.block_n == 16 * self.num_warps and self.block_m in (16, 32, 64)
-                and self.head_dim_pad % 16 == 0)
+        return self._valid_tile(owned=self.block_n, streamed=self.block_m)
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
@@ -569,9 +571,7 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
 
     @property
     def valid(self) -> bool:
-        return (self.dtype == "float32" and self.precision in ("fp32", "tf32") and self.num_warps % 4 == 0
-                and self.block_m == 16 * self.num_warps and self.block_n in (16, 32, 64)
-                and self.head_dim_pad % 16 == 0)
+        return self._valid_tile(owned=self.block_m, streamed=self.block_n)
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:

@@ -1,12 +1,15 @@
-// TF32 operand tiles for wgmma (wgmma.cuh's core-matrix layout) and the two product
-// shapes of the wgmma attention kernels, shared by the forward (attn_fwd_wgmma.cuh)
-// and the backward (attn_bwd_wgmma.cuh). PASSES = 3: 3xTF32, every operand as big
-// and small TF32 parts, stored PART words apart; PASSES = 1: one TF32 part.
+// TF32 operand tiles for wgmma (wgmma.cuh's core-matrix layout), built the same way by
+// the forward (attn_fwd_wgmma.cuh) and the backward (attn_bwd_wgmma.cuh), and the two
+// product shapes of the backward. (The forward keeps its own copy of those two loops:
+// through these helpers ptxas scheduled it differently and spilled 24 bytes in its
+// 16-warp 3xTF32 tile, so it stays as measured.) PASSES = 3: 3xTF32, every operand as
+// big and small TF32 parts, stored PART words apart; PASSES = 1: one TF32 part.
 //
+//   split_rows_global  float32 rows of global memory -> an R-row tile (synchronous loads)
 //   split_rows         float32 rows -> an R-row tile (the operand of A B^T)
 //   split_transposed   float32 rows -> the transposed tile, R rows becoming the k
 //                      dimension in the order a register A operand takes them
-//   split_both         both of the above from one read
+//   split_both         both of the above from one read (split_transposed<..., true>)
 //   rows_by_rows       d = A B^T, A 64 rows and B N rows of such tiles, in shared memory
 //   regs_by_transposed acc += A B, A in registers (from accumulators), B a transposed tile
 //
@@ -68,9 +71,13 @@ __device__ __forceinline__ void split_rows(float* tile, int part, const float* r
 // The transposed tile (D_PAD rows, R slots of k) of a staging tile of R rows: element
 // (d, slot) with slot the row's place in the register A operand's k order (above). A
 // lane reads 4 columns d of one row and writes them to 4 rows of the transpose,
-// starting at (e + s) % 4 so that a warp's stores hit 32 banks.
-template <int PASSES, int R, int D_PAD, int RAW_STRIDE, int THREADS>
-__device__ __forceinline__ void split_transposed(float* tile, int part, const float* raw) {
+// starting at (e + s) % 4 so that a warp's stores hit 32 banks. With ROWS, the same
+// pass also writes the R-row tile (as split_rows; each lane's 16 bytes land in one row
+// of a core matrix): one read and one split per chunk for the backward's Q and dO
+// (dK/dV) and K (dQ), which it needs both ways.
+template <int PASSES, int R, int D_PAD, int RAW_STRIDE, int THREADS, bool ROWS = false>
+__device__ __forceinline__ void split_transposed(float* transposed, int part, const float* raw,
+                                                 float* rows = nullptr) {
     constexpr int R_BLOCKS = R / 8;
 #pragma unroll 1
     for (int i = threadIdx.x; i < R * D_PAD / 4; i += THREADS) {
@@ -83,48 +90,27 @@ __device__ __forceinline__ void split_transposed(float* tile, int part, const fl
         w.set(1, x.y);
         w.set(2, x.z);
         w.set(3, x.w);
+        if constexpr (ROWS) {
+            const int at = core_offset<R>(r, 4 * cc);
+            *reinterpret_cast<uint4*>(rows + at) = make_uint4(w.big[0], w.big[1], w.big[2], w.big[3]);
+            if constexpr (PASSES == 3)
+                *reinterpret_cast<uint4*>(rows + part + at) =
+                    make_uint4(w.small[0], w.small[1], w.small[2], w.small[3]);
+        }
         const int s = r8 % 2 + 2 * ((c_lo / 2) % 2);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int idx = (e + s) % 4;
             const int at = core_offset<D_PAD>(4 * cc + idx, slot);
-            reinterpret_cast<unsigned*>(tile)[at] = pick4(w.big, idx);
-            if constexpr (PASSES == 3) reinterpret_cast<unsigned*>(tile + part)[at] = pick4(w.small, idx);
+            reinterpret_cast<unsigned*>(transposed)[at] = pick4(w.big, idx);
+            if constexpr (PASSES == 3) reinterpret_cast<unsigned*>(transposed + part)[at] = pick4(w.small, idx);
         }
     }
 }
 
-// split_rows and split_transposed of the same staging tile in one pass (one shared-memory
-// read and one split per 16-byte chunk): the backward needs Q and dO (dK/dV) and K (dQ)
-// both ways. The reads and the transposed stores are split_transposed's; each lane's
-// 16-byte row store lands in one row of a core matrix.
 template <int PASSES, int R, int D_PAD, int RAW_STRIDE, int THREADS>
 __device__ __forceinline__ void split_both(float* rows, float* transposed, int part, const float* raw) {
-    constexpr int R_BLOCKS = R / 8;
-#pragma unroll 1
-    for (int i = threadIdx.x; i < R * D_PAD / 4; i += THREADS) {
-        const int r8 = i % 8, c_lo = (i / 8) % 4, rest = i / 32;
-        const int r = rest % R_BLOCKS * 8 + r8, cc = rest / R_BLOCKS * 4 + c_lo;
-        const int slot = rest % R_BLOCKS * 8 + (r8 % 2) * 4 + r8 / 2;
-        const float4 x = *reinterpret_cast<const float4*>(raw + r * RAW_STRIDE + 4 * cc);
-        Tf32Words<PASSES, 4> w;
-        w.set(0, x.x);
-        w.set(1, x.y);
-        w.set(2, x.z);
-        w.set(3, x.w);
-        const int at = core_offset<R>(r, 4 * cc);
-        *reinterpret_cast<uint4*>(rows + at) = make_uint4(w.big[0], w.big[1], w.big[2], w.big[3]);
-        if constexpr (PASSES == 3)
-            *reinterpret_cast<uint4*>(rows + part + at) = make_uint4(w.small[0], w.small[1], w.small[2], w.small[3]);
-        const int s = r8 % 2 + 2 * ((c_lo / 2) % 2);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int idx = (e + s) % 4;
-            const int t_at = core_offset<D_PAD>(4 * cc + idx, slot);
-            reinterpret_cast<unsigned*>(transposed)[t_at] = pick4(w.big, idx);
-            if constexpr (PASSES == 3) reinterpret_cast<unsigned*>(transposed + part)[t_at] = pick4(w.small, idx);
-        }
-    }
+    split_transposed<PASSES, R, D_PAD, RAW_STRIDE, THREADS, true>(transposed, part, raw, rows);
 }
 
 template <int NB>
