@@ -915,11 +915,20 @@ BWD_DQ_WGMMA_TILES = (
 )
 
 
-def _backward_families(kind: str, precision: str, head_dim_pad: int) -> tuple:
+# The wgmma backward pays from about this many streamed rows a block sees (queries for
+# dK/dV, keys for dQ; half the sequence when causal): `scripts/backward_families.py`
+# on the H200 (B=4, H=16, head dims 64 and 128, as planned / mma.sync only): "tf32" at
+# S = 512 0.86-0.89x, S = 1024 1.03-1.07x (causal, 512 rows seen: 0.94-1.01x), 2048
+# and 4096 1.01-1.18x; "fp32" D=64 1.03-1.06x not causal, 0.94-0.98x causal up to 2048.
+WGMMA_BACKWARD_MIN_ROWS = 1024
+
+
+def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_rows: int) -> tuple:
     """The (kernel class, tiles) of a backward pass ("dkdv" or "dq") in preference order, as
     ``_forward_families``: the wgmma tiles that measured faster than mma.sync's best first
-    (8 warps or more; any at head dims over 128, where mma.sync's spill or crawl), then
-    mma.sync's, then the other wgmma tiles. Measured on the H200 (whole backward, ms;
+    (8 warps or more; any at head dims over 128, where mma.sync's spill or crawl) when a
+    block streams at least WGMMA_BACKWARD_MIN_ROWS rows, then mma.sync's, then the other
+    wgmma tiles. Measured on the H200 (whole backward, ms;
     BWD_DKDV_WGMMA_TILES's command): dK/dV wgmma vs mma.sync best, "tf32" D=64 8.94 vs 9.83,
     D=128 22.44 vs 23.67, "fp32" D=64 21.94 vs 22.59, D=128 94.93 (one warpgroup fits) vs
     75.69; dQ "tf32" D=64 8.32 vs 9.18, D=128 22.54 vs 21.69, D=256 87.87 vs 106.58,
@@ -931,6 +940,7 @@ def _backward_families(kind: str, precision: str, head_dim_pad: int) -> tuple:
     else:
         wgmma, mma = (BwdDqWgmmaConfig, BWD_DQ_WGMMA_TILES), (BwdDqMmaConfig, BWD_DQ_MMA_TILES)
         wgmma_first = head_dim_pad <= 64 or (precision == "tf32" and head_dim_pad > 128)
+    wgmma_first = wgmma_first and streamed_rows >= WGMMA_BACKWARD_MIN_ROWS
     min_warps = (8 if head_dim_pad <= 128 else 1) if wgmma_first else 99
     cls, tiles = wgmma
     first = tuple(t for t in tiles if t[2] >= min_warps)
@@ -1135,14 +1145,17 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan
     dkdv_simt = list(_candidates(BwdDkdvSimtConfig, BWD_DKDV_SIMT_TILES, problem, 64, max_n))
     dq_simt = list(_candidates(BwdDqSimtConfig, FWD_SIMT_TILES, problem, max_m, 64))
     d_pad = mma_head_dim_pad(problem.head_dim)
+    # Rows a block streams: queries for dK/dV, keys for dQ; about half of them when causal.
+    seen_q, seen_k = ((problem.seqlen_q, problem.seqlen_k) if not problem.causal
+                      else (problem.seqlen_q // 2, problem.seqlen_k // 2))
     dkdv_blocks = lambda cfg: (problem.batch * problem.heads_kv
                                * -(-max(1, problem.seqlen_k) // cfg.block_n))
     return BackwardPlan(
         delta=BwdDeltaConfig(problem.dtype),
-        dkdv=_plan_pass("backward dK/dV", lambda precision: _backward_families("dkdv", precision, d_pad),
+        dkdv=_plan_pass("backward dK/dV", lambda precision: _backward_families("dkdv", precision, d_pad, seen_q),
                         dkdv_simt, problem, device, max_m, max_n, dkdv_blocks),
-        dq=_plan_pass("backward dQ", lambda precision: _backward_families("dq", precision, d_pad), dq_simt,
-                      problem, device, max_m, max_n, _query_tiles_blocks(problem)),
+        dq=_plan_pass("backward dQ", lambda precision: _backward_families("dq", precision, d_pad, seen_k),
+                      dq_simt, problem, device, max_m, max_n, _query_tiles_blocks(problem)),
     )
 
 

@@ -402,8 +402,8 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     from cupyattn.plan import (BwdDkdvMmaConfig, BwdDkdvWgmmaConfig, BwdDqMmaConfig, BwdDqWgmmaConfig,
                                WgmmaConfig)
 
-    def plans(precision, d, device="h200", dtype="float32", batch=4, seqlen=4096):
-        problem = AttentionProblem(dtype, d, d, False, batch, 16, 16, seqlen, seqlen,
+    def plans(precision, d, device="h200", dtype="float32", batch=4, seqlen=4096, causal=False):
+        problem = AttentionProblem(dtype, d, d, causal, batch, 16, 16, seqlen, seqlen,
                                    precision=(precision,) if dtype == "float32" else ())
         bwd = plan_backward(problem, named_device(device))
         return bwd.dkdv.config, bwd.dq.config
@@ -421,8 +421,17 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     dkdv, dq = plans("tf32", 256)
     assert type(dkdv) is BwdDkdvMmaConfig and isinstance(dq, BwdDqWgmmaConfig)
     assert all(type(c) in (BwdDkdvMmaConfig, BwdDqMmaConfig) for c in plans("fp32", 128))
-    # A problem too small for the big tiles to fill the GPU takes mma.sync's, not 4-warp wgmma.
-    assert not any(isinstance(c, WgmmaConfig) and c.num_warps < 8 for c in plans("tf32", 64, batch=1, seqlen=512))
+    # A problem too small for the big tiles to fill the GPU takes mma.sync's, not 4-warp wgmma;
+    # so does one whose blocks stream fewer than WGMMA_BACKWARD_MIN_ROWS rows (half when causal).
+    assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, batch=1, seqlen=512))
+    assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=512))
+    assert all(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=1024))
+    assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=1024, causal=True))
+    assert all(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=2048, causal=True))
+    # dK/dV streams the queries, dQ the keys: each pass by its own length.
+    problem = AttentionProblem("float32", 64, 64, False, 4, 16, 16, 4096, 512, precision=("tf32",))
+    bwd = plan_backward(problem, named_device("h200"))
+    assert isinstance(bwd.dkdv.config, WgmmaConfig) and not isinstance(bwd.dq.config, WgmmaConfig)
     # Never off sm_90, never for half-precision operands.
     for device in ("a100", "rtx4090", "b200", "rtx5090"):
         assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, device))

@@ -1,0 +1,62 @@
+"""The backward as planned next to the same call with the wgmma kernels taken away
+(mma.sync's tiles only), at several sequence lengths: where does wgmma stop paying?
+
+    PYTHONPATH=. python scripts/backward_families.py [--dims 64] [--seqlens 512,1024,2048,4096]
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import cupy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cupyattn  # noqa: E402
+from cupyattn import plan as P  # noqa: E402
+from cupyattn.device import current_device  # noqa: E402
+from cupyattn.testing import device_values, median_ms  # noqa: E402
+
+
+def _tables(dkdv, dq):
+    P.BWD_DKDV_WGMMA_TILES, P.BWD_DQ_WGMMA_TILES = dkdv, dq
+    P.plan_backward.cache_clear()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dims", default="64")
+    parser.add_argument("--seqlens", default="512,1024,2048,4096")
+    parser.add_argument("--precisions", default="tf32,fp32")
+    parser.add_argument("--batch", type=int, default=4)
+    args = parser.parse_args()
+    B, H = args.batch, 16
+    spec = current_device()
+    tables = P.BWD_DKDV_WGMMA_TILES, P.BWD_DQ_WGMMA_TILES
+    print("| mode | D | S | causal | as planned ms | kernels | mma.sync only ms | ratio |\n|---|---|---|---|---|---|---|---|")
+    for precision in args.precisions.split(","):
+        for D in (int(d) for d in args.dims.split(",")):
+            for S in (int(s) for s in args.seqlens.split(",")):
+                rng = cupy.random.default_rng(1)
+                q, k, v, do = (device_values((B, S, H, D), "float32", rng) for _ in range(4))
+                for causal in (False, True):
+                    opts = dict(causal=causal, precision=precision)
+                    out, lse = cupyattn.attention(q, k, v, return_lse=True, **opts)
+                    times, names = [], None
+                    for mma_only in (False, True):
+                        _tables(*(((), ()) if mma_only else tables))
+                        if names is None:
+                            problem = P.AttentionProblem("float32", D, D, causal, B, H, H, S, S,
+                                                         precision=(precision,))
+                            bwd = P.plan_backward(problem, spec)
+                            names = "+".join("wgmma" if isinstance(p.config, P.WgmmaConfig) else "mma"
+                                             for p in bwd.plans)
+                        times.append(median_ms(lambda: cupyattn.attention_backward(do, q, k, v, out, lse, **opts),
+                                               repeats=10, warmup=2))
+                    _tables(*tables)
+                    print(f"| {precision} | {D} | {S} | {causal} | {times[0]:.3f} | {names} | {times[1]:.3f} | "
+                          f"{times[1] / times[0]:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
