@@ -549,8 +549,9 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         return self.head_dim_pad + self.block_m
 
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
-        # Every listed tile at head dims 16-256 through ptxas (NVRTC 13.5, causal and not):
-        # these spill, and nothing else does. tests/test_compile.py compiles the planned ones.
+        # Every listed tile at head dims 16-256 through ptxas (NVRTC 13.5, causal and not;
+        # 476 that fit): these rules catch every one that spills (and 26 clean 3xTF32 tiles
+        # at head dims 16-48 with them). tests/test_compile.py compiles the planned ones.
         if self.head_dim_pad > 208:
             return "dK and dV (head_dim / 2 accumulators a lane each) spill above head dim 208"
         if self.num_warps == 16 and (self.precision == "fp32" or self.head_dim_pad > 64):
