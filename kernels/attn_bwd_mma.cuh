@@ -183,13 +183,9 @@ attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __r
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const int key_warp = warp % KEY_WARPS, d_part = warp / KEY_WARPS;
-    const long long block = blockIdx.x;
-    const int n_tile = (int)(block % num_n_tiles);
-    const long long bh = block / num_n_tiles;
-    const int h_kv = (int)(bh % n_heads_kv);
-    const long long b = bh / n_heads_kv;
-    const int group = n_heads_q / n_heads_kv;
-    const int n0 = n_tile * BLOCK_N;
+    const KeyBlock kb = key_block<BLOCK_N>(num_n_tiles, n_heads_q, n_heads_kv);
+    const long long b = kb.b;
+    const int h_kv = kb.h_kv, group = kb.group, n0 = kb.n0;
     const int key0 = n0 + key_warp * 16;  // this warp's first key
 
     stage_tile<T, S, BLOCK_N, D_PAD, STRIDE, THREADS>(k_tile, k + b * k_sb + h_kv * k_sh + n0 * k_ss, k_ss,
@@ -199,6 +195,8 @@ attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __r
 
     // Work items: (query head of the group, query tile), query tiles that can see
     // a key of this block only (causal: from n0 - causal_offset on).
+    // first_query_tile (simt_tiles.cuh), written out: through the helper ptxas schedules
+    // the non-causal head-dim-256 tiles differently (SASS compared, NVRTC 13.5).
     const int m_begin = CAUSAL ? max(0, n0 - causal_offset) / BLOCK_M * BLOCK_M : 0;
     const int m_tiles = m_begin < seqlen_q ? (seqlen_q - m_begin + BLOCK_M - 1) / BLOCK_M : 0;
     const int n_items = group * m_tiles;

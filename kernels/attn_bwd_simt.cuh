@@ -130,13 +130,9 @@ attn_bwd_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __
 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const long long block = blockIdx.x;
-    const int n_tile = (int)(block % num_n_tiles);
-    const long long bh = block / num_n_tiles;
-    const int h_kv = (int)(bh % n_heads_kv);
-    const long long b = bh / n_heads_kv;
-    const int group = n_heads_q / n_heads_kv;
-    const int n0 = n_tile * BLOCK_N;
+    const KeyBlock kb = key_block<BLOCK_N>(num_n_tiles, n_heads_q, n_heads_kv);
+    const long long b = kb.b;
+    const int h_kv = kb.h_kv, group = kb.group, n0 = kb.n0;
 
     load_tile<T, BLOCK_N, D_PAD, D_PAD, THREADS>(
         k_tile, k + b * k_sb + h_kv * k_sh + n0 * k_ss, k_ss, seqlen_k - n0, head_dim);
@@ -149,7 +145,7 @@ attn_bwd_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __
     dv_acc.zero();
 
     // Query rows that can see any of this block's keys start at n0 - causal_offset.
-    const int m_begin = CAUSAL ? max(0, n0 - causal_offset) / BLOCK_M * BLOCK_M : 0;
+    const int m_begin = first_query_tile<CAUSAL, BLOCK_M>(n0, causal_offset);
     const Word* k_words = reinterpret_cast<const Word*>(k_tile) + warp * ROWS * (D_PAD / VEC);
     const Word* v_words = reinterpret_cast<const Word*>(v_tile) + warp * ROWS * (DV_PAD / VEC);
 

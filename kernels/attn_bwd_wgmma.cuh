@@ -157,13 +157,9 @@ attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, co
     const int warp = threadIdx.x / 32, wg = warp / 4;
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
-    const long long block = blockIdx.x;
-    const int n_tile = (int)(block % num_n_tiles);
-    const long long bh = block / num_n_tiles;
-    const int h_kv = (int)(bh % n_heads_kv);
-    const long long b = bh / n_heads_kv;
-    const int group = n_heads_q / n_heads_kv;
-    const int n0 = n_tile * BLOCK_N;
+    const KeyBlock kb = key_block<BLOCK_N>(num_n_tiles, n_heads_q, n_heads_kv);
+    const long long b = kb.b;
+    const int h_kv = kb.h_kv, group = kb.group, n0 = kb.n0;
     const int wg_key0 = n0 + wg * 64;            // this warpgroup's first key
     const int key0 = wg_key0 + (warp % 4) * 16;  // this warp's
 
@@ -175,7 +171,7 @@ attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, co
 
     // Work items: (query head of the group, query tile), query tiles that can see a key
     // of this block only (causal: from n0 - causal_offset on).
-    const int m_begin = CAUSAL ? max(0, n0 - causal_offset) / BLOCK_M * BLOCK_M : 0;
+    const int m_begin = first_query_tile<CAUSAL, BLOCK_M>(n0, causal_offset);
     const int m_tiles = m_begin < seqlen_q ? (seqlen_q - m_begin + BLOCK_M - 1) / BLOCK_M : 0;
     const int n_items = group * m_tiles;
     float lse_next = 0.0f, delta_next = 0.0f;  // thread i < BLOCK_M: query row i of the next item

@@ -42,6 +42,28 @@ __device__ __forceinline__ QueryBlock query_block(int num_m_tiles, int n_heads_q
     return {bh / n_heads_q, h, h / (n_heads_q / n_heads_kv), m_tile * BLOCK_M};
 }
 
+// Which (batch, key/value head, key tile) a block of the dK/dV grid owns: grid.x
+// flattens (tile, head, batch), tile fastest; `group` query heads share the head.
+struct KeyBlock {
+    long long b;
+    int h_kv, group, n0;
+};
+
+template <int BLOCK_N>
+__device__ __forceinline__ KeyBlock key_block(int num_n_tiles, int n_heads_q, int n_heads_kv) {
+    const long long block = blockIdx.x;
+    const int n_tile = (int)(block % num_n_tiles);
+    const long long bh = block / num_n_tiles;
+    return {bh / n_heads_kv, (int)(bh % n_heads_kv), n_heads_q / n_heads_kv, n_tile * BLOCK_N};
+}
+
+// The first query tile (a multiple of BLOCK_M) with a row that can see a key from n0
+// on: causal rows see keys up to row + causal_offset.
+template <bool CAUSAL, int BLOCK_M>
+__device__ __forceinline__ int first_query_tile(int n0, int causal_offset) {
+    return CAUSAL ? max(0, n0 - causal_offset) / BLOCK_M * BLOCK_M : 0;
+}
+
 // One past the last key a block of query rows [m0, m0 + BLOCK_M) can see: all of
 // them, or up to the causal boundary of its last row (0 if that row sees none).
 // The forward and dQ kernels load K/V only up to here and zero-fill the rest of the
