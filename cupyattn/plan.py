@@ -942,11 +942,7 @@ def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_ro
         wgmma, mma = (BwdDqWgmmaConfig, BWD_DQ_WGMMA_TILES), (BwdDqMmaConfig, BWD_DQ_MMA_TILES)
         wgmma_first = head_dim_pad <= 64 or (precision == "tf32" and head_dim_pad > 128)
     wgmma_first = wgmma_first and streamed_rows >= WGMMA_BACKWARD_MIN_ROWS
-    min_warps = (8 if head_dim_pad <= 128 else 1) if wgmma_first else 99
-    cls, tiles = wgmma
-    first = tuple(t for t in tiles if t[2] >= min_warps)
-    rest = tuple(t for t in tiles if t[2] < min_warps)
-    return ((cls, first), mma, (cls, rest))
+    return _around_mma(*wgmma, mma, (8 if head_dim_pad <= 128 else 1) if wgmma_first else None)
 
 
 def _forward_families(precision: str, head_dim_pad: int) -> tuple:
@@ -963,10 +959,17 @@ def _forward_families(precision: str, head_dim_pad: int) -> tuple:
     the CUDA cores would: "fp32" at D=256, where every mma.sync tile spills, 59.85 ms vs
     FFMA 85.59."""
     wgmma_first = head_dim_pad <= 64 if precision == "fp32" else head_dim_pad >= 128
-    min_warps = (12 if head_dim_pad <= 128 else 8) if wgmma_first else 99
-    first = tuple(t for t in FWD_WGMMA_TILES if t[2] >= min_warps)
-    rest = tuple(t for t in FWD_WGMMA_TILES if t[2] < min_warps)
-    return ((FwdWgmmaConfig, first), (FwdMmaConfig, FWD_MMA_TILES), (FwdWgmmaConfig, rest))
+    return _around_mma(FwdWgmmaConfig, FWD_WGMMA_TILES, (FwdMmaConfig, FWD_MMA_TILES),
+                       (12 if head_dim_pad <= 128 else 8) if wgmma_first else None)
+
+
+def _around_mma(wgmma_cls, wgmma_tiles, mma, min_warps: int | None) -> tuple:
+    """Kernel families of one pass in preference order: the wgmma tiles of at least
+    ``min_warps`` warps (none if None), then the mma.sync family ``mma`` (class, tiles),
+    then the other wgmma tiles, which still come before the CUDA cores."""
+    first = tuple(t for t in wgmma_tiles if min_warps is not None and t[2] >= min_warps)
+    rest = tuple(t for t in wgmma_tiles if t not in first)
+    return ((wgmma_cls, first), mma, (wgmma_cls, rest))
 
 
 # The TF32 mode (one pass, 32-bit operands) measured apart on the H200 (whole-call ms,
@@ -1080,8 +1083,8 @@ def _plan_pass(kind: str, families, simt: list, problem: AttentionProblem, devic
                max_block_m: int, max_block_n: int, num_blocks) -> Plan:
     """Tensor cores in the first allowed precision mode that has a tile fitting the
     device's shared memory, else the CUDA-core tiles (float32 FFMA). ``families(precision)``
-    gives the (config class, tiles) pairs in preference order (the forward's:
-    ``_forward_families``).
+    gives the (config class, tiles) pairs in preference order (``_forward_families``,
+    ``_backward_families``).
     Earlier modes' rejected tiles are reported. A tensor-core tile is taken even where a
     CUDA-core tile would give a small problem more blocks: the CUDA-core kernels are the
     fallback for what the tensor cores cannot run, not a competitor."""
