@@ -265,6 +265,23 @@ def _launch(config, spec, blocks: int, what: str, args, smem: int = 0):
     get_kernel(config, spec)((blocks,), (config.threads,), args, shared_mem=smem)
 
 
+def stage_tiles(staging, spec, a, b, lse=None, delta=None):
+    """The TF32 tiles a wgmma kernel copies whole (``plan.StagingConfig``), as a new flat
+    float32 array of ``staging.workspace_bytes`` bytes: from K and V ((B, Sk, Hkv, D)
+    float32 views, last dimension contiguous) for "forward keys" / "dq keys"; from Q and
+    dO ((B, Sq, Hq, D)) with lse and delta ((B, Hq, Sq)) for "dkdv queries"."""
+    import cupy
+
+    B, S, H, D = a.shape
+    staged = cupy.empty(staging.workspace_bytes(B, H, S) // 4, dtype=cupy.float32)
+    tiles = staging.tiles(S)
+    rowwise = (_ptr(lse), _ptr(delta)) if staging.operands == "dkdv queries" else ()
+    _launch(staging, spec, tiles * B * H, "q" if rowwise else "k", (
+        _ptr(a), _ptr(b), *rowwise, _ptr(staged), *_elem_strides(a), *_elem_strides(b),
+        np.int32(H), np.int32(S), np.int32(D), np.int32(tiles)))
+    return staged
+
+
 def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
               layout="bshd", smem_limit=None, precision=None):
     """Exact attention ``softmax(scale * Q K^T) V`` with FlashAttention's tiled algorithm.
@@ -319,13 +336,15 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
         os_ = call.bshd(out)
         qs, ks, vs = _operands_for(plan, (call.qs, call.ks, call.vs))
         num_m_tiles = -(-call.Sq // cfg.block_m)
+        staging = getattr(cfg, "staging", None)  # K and V split into TF32 tiles once, for every query block
+        staged = (_ptr(stage_tiles(staging, spec, ks, vs)),) if staging is not None else ()
         _launch(cfg, spec, num_m_tiles * call.B * call.Hq, "q", (
             _ptr(qs), _ptr(ks), _ptr(vs), _ptr(os_), _ptr(lse),
             *_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs),
             *_elem_strides(os_),
             np.int32(call.Hq), np.int32(call.Hkv), np.int32(call.Sq), np.int32(call.Sk),
             np.int32(call.D), np.int32(call.Dv), np.int32(num_m_tiles),
-            np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0),
+            np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0), *staged,
         ), plan.smem_bytes)
     return result
 
@@ -394,24 +413,30 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         operands = {}  # the inputs as each pass reads them (_operands_for), rounded once at most
 
         def inputs(plan):
+            """Pointers, strides and (wgmma kernels) the staged tiles of one pass's launch."""
             key = isinstance(plan.config, MmaConfig)
             if key not in operands:
                 operands[key] = _operands_for(plan, (call.qs, call.ks, call.vs, dos))
             qs, ks, vs, do_ = operands[key]
+            staging = getattr(plan.config, "staging", None)
+            staged = ()
+            if staging is not None:  # the streamed tiles split into TF32 parts once, for every block
+                staged = (_ptr(stage_tiles(staging, spec, qs, do_, lse, delta) if staging.operands == "dkdv queries"
+                               else stage_tiles(staging, spec, ks, vs)),)
             return ((_ptr(qs), _ptr(ks), _ptr(vs), _ptr(do_), _ptr(lse), _ptr(delta)),
-                    (*_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs), *_elem_strides(do_)))
+                    (*_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs), *_elem_strides(do_)), staged)
 
         cfg = bplan.dkdv.config
-        ptrs, strides = inputs(bplan.dkdv)
+        ptrs, strides, staged = inputs(bplan.dkdv)
         num_n_tiles = -(-call.Sk // cfg.block_n)
         _launch(cfg, spec, num_n_tiles * call.B * call.Hkv, "k", (
             *ptrs, _ptr(dks), _ptr(dvs), *strides, *_elem_strides(dks), *_elem_strides(dvs),
-            *sizes, np.int32(num_n_tiles), *tail), bplan.dkdv.smem_bytes)
+            *sizes, np.int32(num_n_tiles), *tail, *staged), bplan.dkdv.smem_bytes)
 
         cfg = bplan.dq.config
-        ptrs, strides = inputs(bplan.dq)
+        ptrs, strides, staged = inputs(bplan.dq)
         num_m_tiles = -(-call.Sq // cfg.block_m)
         _launch(cfg, spec, num_m_tiles * call.B * call.Hq, "q", (
             *ptrs, _ptr(dqs), *strides, *_elem_strides(dqs),
-            *sizes, np.int32(num_m_tiles), *tail), bplan.dq.smem_bytes)
+            *sizes, np.int32(num_m_tiles), *tail, *staged), bplan.dq.smem_bytes)
     return dq, dk, dv

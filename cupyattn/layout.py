@@ -13,7 +13,7 @@ import math
 
 ALIGN = 16  # every buffer starts on a 16-byte boundary (vector loads, cp.async)
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "uint64": 8}  # uint64: mbarriers
 
 
 def align(n: int, to: int = ALIGN) -> int:
@@ -24,7 +24,7 @@ def align(n: int, to: int = ALIGN) -> int:
 class Buffer:
     name: str
     shape: tuple[int, ...]  # elements
-    dtype: str  # float32 / float16 / bfloat16
+    dtype: str  # float32 / float16 / bfloat16; uint64 for mbarriers
     offset: int  # bytes from the start of dynamic shared memory
     note: str = ""
 

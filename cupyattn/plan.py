@@ -355,8 +355,11 @@ class WgmmaConfig:
     """What the kernels on Hopper's warpgroup MMA share (float32 inputs in the TF32 modes
     "fp32" / "tf32"; kernels/wgmma_tiles.cuh): wgmma exists on sm_90a only, so they are
     compiled for that target and planned on compute capability 9.0 alone; operands are
-    TF32 tiles in wgmma's core-matrix order, split from float32 staging tiles. Mixed in
-    before the mma.sync config of the same pass, whose fields (template parameters) it keeps."""
+    TF32 tiles in wgmma's core-matrix order: the tiles a block keeps split by the kernel,
+    the tiles it streams staged once per call by a ``staging`` launch and copied whole.
+    Mixed in before the mma.sync config of the same pass, whose fields (template
+    parameters) it keeps; each subclass names RESIDENT_TILES / resident_rows (the tiles
+    a block keeps), BARRIERS (per stage) and ``staging``."""
 
     ARCH_SUFFIX: ClassVar[str] = "a"  # sm_90 -> sm_90a: the architecture-specific features
 
@@ -384,32 +387,112 @@ class WgmmaConfig:
         note = f"{parts}, in 8-row x 16-byte core matrices (wgmma operands, no swizzle)"
         return builder.add(name, (self.parts, *shape), "float32", f"{what}; {note}" if what else note)
 
-    def _raw_tile(self, builder: LayoutBuilder, name: str, rows: int, per: str) -> LayoutBuilder:
-        return builder.add(name, (rows, self.head_dim_pad + 4), "float32",
-                           f"float32 as copied (cp.async), split into the TF32 tiles per {per}; +16 bytes per row")
+    @property
+    def stages(self) -> int:
+        """Staged tiles in shared memory at once (kernels that stream a ``staging``'s
+        tiles): two where they fit in sm_90's shared memory, else one."""
+        fixed = self.RESIDENT_TILES * self.parts * self.resident_rows * self.head_dim_pad * 4
+        return 2 if fixed + 2 * (self.staging.tile_bytes + self.BARRIERS * 8) <= SM90_SMEM_PER_BLOCK else 1
+
+    def _staged_tiles(self, builder: LayoutBuilder, name: str, what: str, shape: tuple) -> LayoutBuilder:
+        """``stages`` copies of one staged tile (``staging`` writes it), and the mbarriers
+        that count its bytes (BARRIERS per stage: the operands that land apart)."""
+        stages, staging = self.stages, self.staging
+        parts = "TF32 big and small parts (3xTF32)" if self.parts == 2 else "TF32"
+        builder = builder.add(name, (stages, *shape), "float32",
+                              f"{stages} stage{'s' if stages > 1 else ''} of {what}; {parts} in core-matrix "
+                              f"order, copied whole (cp.async.bulk) from {staging.kernel_name}'s tiles")
+        return builder.add("barriers", (stages, self.BARRIERS), "uint64", "mbarriers: a stage's copies have landed")
+
+
+# Every sm_90 GPU's opt-in shared memory per block (H100, H200, GH200: 227 KiB): the
+# wgmma kernels, which run on sm_90 alone, keep two pipeline stages where two fit in it
+# (kernels/wgmma_staging.cuh, SM90_SMEM_PER_BLOCK).
+SM90_SMEM_PER_BLOCK = 232448
+
+
+@dataclasses.dataclass(frozen=True)
+class StagingConfig:
+    """A staging launch (kernels/wgmma_staging.cuh): the tiles a wgmma kernel streams,
+    split into TF32 parts once per call and written as one pipeline stage of that
+    kernel's shared memory holds them, so that the kernel copies them whole instead of
+    every block splitting every tile again. ``operands``: "forward keys" (K, V^T),
+    "dq keys" (K, V, K^T) or "dkdv queries" (Q, dO, Q^T, dO^T, lse, delta); ``rows`` per tile."""
+
+    HEADER: ClassVar[str] = "wgmma_staging.cuh"
+    ARCH_SUFFIX: ClassVar[str] = "a"  # compiled beside the wgmma kernels it feeds
+    threads: ClassVar[int] = 128
+    TILES: ClassVar[dict] = {"forward keys": 2, "dq keys": 3, "dkdv queries": 4}  # row / transposed tiles
+
+    operands: str
+    precision: str
+    head_dim_pad: int
+    rows: int
+
+    @property
+    def parts(self) -> int:
+        return 2 if self.precision == "fp32" else 1
+
+    @property
+    def tile_bytes(self) -> int:
+        """One staged tile: its TF32 tiles' parts (and for queries lse and delta per row)."""
+        rowwise = 2 * self.rows * 4 if self.operands == "dkdv queries" else 0
+        return self.TILES[self.operands] * self.parts * self.rows * self.head_dim_pad * 4 + rowwise
+
+    def tiles(self, seqlen: int) -> int:
+        return -(-seqlen // self.rows)
+
+    def workspace_bytes(self, batch: int, heads: int, seqlen: int) -> int:
+        """Global memory the staged tiles of one call take."""
+        return batch * heads * self.tiles(seqlen) * self.tile_bytes
+
+    @property
+    def kernel_name(self) -> str:
+        return "stage_queries_tf32" if self.operands == "dkdv queries" else "stage_keys_tf32"
+
+    @property
+    def name_expression(self) -> str:
+        op = MMA_OPS[self.precision]
+        if self.operands == "dkdv queries":
+            return f"cupyattn::stage_queries_tf32<{op}, {self.head_dim_pad}, {self.rows}>"
+        dq = "true" if self.operands == "dq keys" else "false"
+        return f"cupyattn::stage_keys_tf32<{op}, {self.head_dim_pad}, {self.rows}, {dq}>"
+
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
+    def layout(self) -> Layout:
+        return Layout(())  # static shared memory only (16 rows to transpose)
 
 
 @dataclasses.dataclass(frozen=True)
 class FwdWgmmaConfig(WgmmaConfig, FwdMmaConfig):
     """``attn_fwd_wgmma``: the forward on warpgroup MMA (kernels/attn_fwd_wgmma.cuh); each
-    warpgroup (4 warps) owns 64 query rows."""
+    warpgroup (4 warps) owns 64 query rows. K and V come split into TF32 tiles by
+    ``staging`` (a launch before it), ``stages`` key tiles in flight."""
 
     KERNEL: ClassVar[str] = "cupyattn::attn_fwd_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::FwdWgmmaLayout"
     HEADER: ClassVar[str] = "attn_fwd_wgmma.cuh"
+    RESIDENT_TILES: ClassVar[int] = 1  # Q
+    BARRIERS: ClassVar[int] = 2  # K, then V^T: with one stage the next K comes in while P V runs
+
+    @property
+    def resident_rows(self) -> int:
+        return self.block_m
 
     @property
     def valid(self) -> bool:
         return self._valid_tile(owned=self.block_m, streamed=self.block_n)
 
+    @property
+    def staging(self) -> StagingConfig:
+        return StagingConfig("forward keys", self.precision, self.head_dim_pad, self.block_n)
+
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
-        d = self.head_dim_pad
+        d, n = self.head_dim_pad, self.block_n
         b = self._tf32_tile(LayoutBuilder(), "q_tile", (self.block_m, d))
-        b = self._tf32_tile(b, "k_tile", (self.block_n, d))
-        b = self._tf32_tile(b, "vt_tile", (d, self.block_n), "V transposed (wgmma's TF32 B operand is K-major)")
-        b = self._raw_tile(b, "k_raw", self.block_n, "K/V tile")
-        return self._raw_tile(b, "v_raw", self.block_n, "K/V tile").build()
+        return self._staged_tiles(b, "kv_tiles", "a key tile's K and V^T (V transposed: TF32 B operands "
+                                  "are K-major)", (2, self.parts, n, d)).build()
 
     @property
     def accumulators_per_lane(self) -> int:  # O (head_dim), S and its two k-step accumulators
@@ -417,9 +500,14 @@ class FwdWgmmaConfig(WgmmaConfig, FwdMmaConfig):
 
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
         # 16 warps leave 128 registers a lane: 3xTF32 with 64-key tiles spills 200 bytes
-        # at head dim 64 (NVRTC 13.5). Every planned tile is compiled by tests/test_compile.py.
+        # at head dim 64, one TF32 pass from head dim 160 (8-288 bytes; NVRTC 13.5, every
+        # listed tile at head dims 16-256 that fits, causal and not: these two rules keep
+        # out every spilling one, and 4 clean ones at 160-176). tests/test_compile.py
+        # compiles the planned ones.
         if self.num_warps == 16 and self.precision == "fp32" and self.block_n > 32:
             return "3xTF32 with 64-key tiles spills at 16 warps (128 registers a lane)"
+        if self.num_warps == 16 and self.head_dim_pad >= 160:
+            return "head dims from 160 spill at 16 warps (128 registers a lane)"
         return None
 
 
@@ -524,6 +612,12 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dkdv_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::BwdDkdvWgmmaLayout"
     HEADER: ClassVar[str] = "attn_bwd_wgmma.cuh"
+    RESIDENT_TILES: ClassVar[int] = 2  # K, V
+    BARRIERS: ClassVar[int] = 1
+
+    @property
+    def resident_rows(self) -> int:
+        return self.block_n
 
     @property
     def valid(self) -> bool:
@@ -534,15 +628,13 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         d, m, n = self.head_dim_pad, self.block_m, self.block_n
         b = self._tf32_tile(LayoutBuilder(), "k_tile", (n, d))
         b = self._tf32_tile(b, "v_tile", (n, d))
-        b = self._tf32_tile(b, "q_tile", (m, d))
-        b = self._tf32_tile(b, "do_tile", (m, d))
-        b = self._tf32_tile(b, "qt_tile", (d, m), "Q transposed: the B operand of dK = dS^T Q")
-        b = self._tf32_tile(b, "dot_tile", (d, m), "dO transposed: the B operand of dV = P^T dO")
-        b = self._raw_tile(b, "q_raw", m, "query tile")
-        b = self._raw_tile(b, "do_raw", m, "query tile")
-        return (b.add("lse_tile", (m,), "float32", "lse * log2(e) per query row")
-                .add("delta_tile", (m,), "float32", "rowsum(dO * O) per query row")
-                .build())
+        return self._staged_tiles(b, "q_tiles", "a query tile's Q, dO, Q^T and dO^T (transposed: the B "
+                                  "operands of dK = dS^T Q and dV = P^T dO), then lse * log2(e) and delta "
+                                  "per row", (4 * self.parts * m * d + 2 * m,)).build()
+
+    @property
+    def staging(self) -> StagingConfig:
+        return StagingConfig("dkdv queries", self.precision, self.head_dim_pad, self.block_m)
 
     @property
     def accumulators_per_lane(self) -> int:  # dK, dV (head_dim each), S^T and dP^T (block_m each)
@@ -550,14 +642,19 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
 
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
         # Every listed tile at head dims 16-256 through ptxas (NVRTC 13.5, causal and not;
-        # 476 that fit): these rules catch every one that spills (and 26 clean 3xTF32 tiles
-        # at head dims 16-48 with them). tests/test_compile.py compiles the planned ones.
+        # the staged kernel, 542 dK/dV and dQ tiles that fit): these rules catch every one
+        # that spills (and 21 clean dK/dV tiles with them, 20 at head dims 16-112).
+        # tests/test_compile.py compiles the planned ones.
         if self.head_dim_pad > 208:
             return "dK and dV (head_dim / 2 accumulators a lane each) spill above head dim 208"
-        if self.num_warps == 16 and (self.precision == "fp32" or self.head_dim_pad > 64):
-            return "16 warps leave 128 registers a lane: spills in 3xTF32, and above head dim 64"
+        if self.num_warps == 16 and (self.precision == "fp32" or self.head_dim_pad >= 64):
+            return "16 warps leave 128 registers a lane: spills in 3xTF32, and from head dim 64"
+        if self.num_warps == 12 and self.head_dim_pad >= (32 if self.precision == "fp32" else 112):
+            return "12 warps leave 168 registers a lane: spills in 3xTF32 from head dim 32, else from 112"
         if self.precision == "fp32" and self.block_m == 64 and self.head_dim_pad >= 64:
             return "3xTF32 with 64-query tiles spills from head dim 64"
+        if self.block_m == 32 and self.head_dim_pad >= 192:
+            return "32-query tiles spill from head dim 192"
         return None
 
 
@@ -569,6 +666,12 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dq_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::BwdDqWgmmaLayout"
     HEADER: ClassVar[str] = "attn_bwd_wgmma.cuh"
+    RESIDENT_TILES: ClassVar[int] = 2  # Q, dO
+    BARRIERS: ClassVar[int] = 1
+
+    @property
+    def resident_rows(self) -> int:
+        return self.block_m
 
     @property
     def valid(self) -> bool:
@@ -579,11 +682,12 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
         d, m, n = self.head_dim_pad, self.block_m, self.block_n
         b = self._tf32_tile(LayoutBuilder(), "q_tile", (m, d))
         b = self._tf32_tile(b, "do_tile", (m, d))
-        b = self._tf32_tile(b, "k_tile", (n, d))
-        b = self._tf32_tile(b, "v_tile", (n, d))
-        b = self._tf32_tile(b, "kt_tile", (d, n), "K transposed: the B operand of dQ = dS K")
-        b = self._raw_tile(b, "k_raw", n, "K/V tile")
-        return self._raw_tile(b, "v_raw", n, "K/V tile").build()
+        return self._staged_tiles(b, "kv_tiles", "a key tile's K, V and K^T (K transposed: the B operand "
+                                  "of dQ = dS K)", (3, self.parts, n, d)).build()
+
+    @property
+    def staging(self) -> StagingConfig:
+        return StagingConfig("dq keys", self.precision, self.head_dim_pad, self.block_n)
 
     @property
     def accumulators_per_lane(self) -> int:  # dQ (head_dim), S and dP (block_n each)
@@ -850,30 +954,44 @@ BWD_DQ_MMA_TILES = (
 
 
 # wgmma forward (float32 "fp32" / "tf32" on sm_90): a warpgroup owns 64 query rows, so
-# block_m = 16 * num_warps. More warpgroups per SM is what pays (the kernel waits on its
-# wgmma groups and on the per-tile TF32 split). Measured on the H200 (`tune_tiles.py
-# --dtype float32 --precision fp32|tf32 --families wgmma`, B=4, H=16, S=4096, not
-# causal, ms): fp32 D=64 (256,32,16) 4.30 < (192,64,12) 4.46 < (192,32,12) 5.31 <
-# (128,64,8) 5.82 < (256,16,16) 5.97 < (128,16,8) 6.31 < (128,32,8) 6.57 < (192,16,12)
-# 6.92 < (64,32,4) 8.85 < (64,16,4) 8.90 < (64,64,4) 13.50; D=128 (128,32,8) 11.81 <
-# (128,16,8) 14.55 < (64,16,4) 19.10 < (64,32,4) 27.19 (more warps do not fit: Q takes
-# two TF32 parts); D=256 (64,16,4) 59.85 (alone). tf32 D=128 (256,32,16) 4.15 <
-# (192,64,12) 4.49 < (192,32,12) 5.15 < (256,16,16) 5.45 < (128,16,8) 6.56 ~ (128,64,8)
-# 6.57 < (192,16,12) 6.75 < (128,32,8) 7.37 < (64,16,4) 10.07 < (64,32,4) 10.76 <
-# (64,64,4) 16.53; D=256 (128,16,8) 15.62 < (64,32,4) 33.10 < (64,16,4) 36.73.
+# block_m = 16 * num_warps; key tiles come split once per call (StagingConfig), so
+# the tiles that fit and fill the GPU are ordered by mode, head dim and causality
+# (FWD_WGMMA_FIRST); the rest follow in this order.
 FWD_WGMMA_TILES = (
-    (256, 32, 16),
     (192, 64, 12),
-    (192, 32, 12),
     (128, 64, 8),
-    (256, 16, 16),
-    (128, 16, 8),
+    (256, 32, 16),
     (128, 32, 8),
-    (192, 16, 12),
-    (64, 32, 4),
-    (64, 16, 4),
+    (192, 32, 12),
     (64, 64, 4),
+    (64, 32, 4),
+    (128, 16, 8),
+    (192, 16, 12),
+    (256, 16, 16),
+    (64, 16, 4),
 )
+# The fastest three of each sweep on the H200 (`tune_tiles.py --dtype float32 --precision
+# fp32|tf32 [--causal] --families wgmma`, B=4, H=16, S=4096, whole-call ms; BENCHMARKS.md,
+# eighth session), by (mode, head dim class, causal); a head dim takes the class of the
+# next measured one (64, 128, 256):
+#   tf32  64 (128,64,8) 1.39 < (128,32,8) 1.59 < (64,64,4) 1.65;  causal (128,64,8) 1.15 < (64,32,4) 1.32 < (128,32,8) 1.36
+#   tf32 128 (192,64,12) 2.46 < (128,64,8) 2.58 < (256,32,16) 2.81;  causal (192,64,12) 2.01 < (256,32,16) 2.18 < (128,64,8) 2.20
+#   tf32 256 (64,64,4) 5.23 < (128,32,8) 5.60 < (64,32,4) 7.04;  causal (128,32,8) 3.95 < (64,64,4) 4.38 < (192,16,12) 4.78
+#   fp32  64 (192,64,12) 2.92 < (128,64,8) 3.10 < (256,32,16) 3.33;  causal (192,64,12) 2.43 < (256,32,16) 2.53 < (128,64,8) 2.55
+#   fp32 128 (128,32,8) 6.51 < (64,64,4) 6.77 < (64,32,4) 8.17;  causal (128,32,8) 4.66 < (64,64,4) 5.42 < (192,16,12) 5.97
+#   fp32 256 (64,16,4) 19.94, causal 12.97 (the only tile that fits: Q's two parts take 128 KiB)
+FWD_WGMMA_FIRST = {
+    ("tf32", 64, False): ((128, 64, 8), (128, 32, 8), (64, 64, 4)),
+    ("tf32", 64, True): ((128, 64, 8), (64, 32, 4), (128, 32, 8)),
+    ("tf32", 128, False): ((192, 64, 12), (128, 64, 8), (256, 32, 16)),
+    ("tf32", 128, True): ((192, 64, 12), (256, 32, 16), (128, 64, 8)),
+    ("tf32", 256, False): ((64, 64, 4), (128, 32, 8), (64, 32, 4)),
+    ("tf32", 256, True): ((128, 32, 8), (64, 64, 4), (192, 16, 12)),
+    ("fp32", 64, False): ((192, 64, 12), (128, 64, 8), (256, 32, 16)),
+    ("fp32", 64, True): ((192, 64, 12), (256, 32, 16), (128, 64, 8)),
+    ("fp32", 128, False): ((128, 32, 8), (64, 64, 4), (64, 32, 4)),
+    ("fp32", 128, True): ((128, 32, 8), (64, 64, 4), (192, 16, 12)),
+}
 
 
 # wgmma backward (float32 "fp32" / "tf32" on sm_90): dK/dV, a warpgroup owns 64 keys
@@ -917,7 +1035,7 @@ BWD_DQ_WGMMA_TILES = (
 
 
 # The wgmma backward pays from about this many streamed rows a block sees (queries for
-# dK/dV, keys for dQ; half the sequence when causal): `scripts/backward_families.py`
+# dK/dV, keys for dQ; half the sequence when causal): `scripts/families.py --pass bwd`
 # on the H200 (B=4, H=16, head dims 64 and 128, as planned / mma.sync only): "tf32" at
 # S = 512 0.86-0.89x, S = 1024 1.03-1.07x (causal, 512 rows seen: 0.94-1.01x), 2048
 # and 4096 1.01-1.18x; "fp32" D=64 1.03-1.06x not causal, 0.94-0.98x causal up to 2048.
@@ -925,51 +1043,44 @@ WGMMA_BACKWARD_MIN_ROWS = 1024
 
 
 def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_rows: int) -> tuple:
-    """The (kernel class, tiles) of a backward pass ("dkdv" or "dq") in preference order, as
-    ``_forward_families``: the wgmma tiles that measured faster than mma.sync's best first
-    (8 warps or more; any at head dims over 128, where mma.sync's spill or crawl) when a
-    block streams at least WGMMA_BACKWARD_MIN_ROWS rows, then mma.sync's, then the other
-    wgmma tiles. Measured on the H200 (whole backward, ms;
-    BWD_DKDV_WGMMA_TILES's command): dK/dV wgmma vs mma.sync best, "tf32" D=64 8.94 vs 9.83,
-    D=128 22.44 vs 23.67, "fp32" D=64 21.94 vs 22.59, D=128 94.93 (one warpgroup fits) vs
-    75.69; dQ "tf32" D=64 8.32 vs 9.18, D=128 22.54 vs 21.69, D=256 87.87 vs 106.58,
-    "fp32" D=64 21.95 vs 22.20, D=128 94.04 vs 75.43. Head dims between those take the
-    rule of the next measured one up."""
+    """The (kernel class, tiles) of a backward pass ("dkdv" or "dq") in preference order:
+    where a block streams at least WGMMA_BACKWARD_MIN_ROWS rows, the wgmma tiles first
+    (those that compile without spills: none for dK/dV above head dim 208), then
+    mma.sync's; else mma.sync's first. With their streamed tiles staged once per call,
+    the wgmma passes measured faster than mma.sync's at every head dim where they fit
+    (H200, B=4, H=16, S=4096, whole backward ms, wgmma / mma.sync, one device call,
+    BENCHMARKS.md eighth session): "tf32" D=64 7.01 / 10.00, D=128 13.57 / 22.41, D=256
+    (dQ only) 61.65 / 106.48; "fp32" D=64 15.66 / 23.35, D=128 47.08 / 56.49."""
     if kind == "dkdv":
         wgmma, mma = (BwdDkdvWgmmaConfig, BWD_DKDV_WGMMA_TILES), (BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES)
-        wgmma_first = head_dim_pad <= (64 if precision == "fp32" else 128)
     else:
         wgmma, mma = (BwdDqWgmmaConfig, BWD_DQ_WGMMA_TILES), (BwdDqMmaConfig, BWD_DQ_MMA_TILES)
-        wgmma_first = head_dim_pad <= 64 or (precision == "tf32" and head_dim_pad > 128)
-    wgmma_first = wgmma_first and streamed_rows >= WGMMA_BACKWARD_MIN_ROWS
-    return _around_mma(*wgmma, mma, (8 if head_dim_pad <= 128 else 1) if wgmma_first else None)
+    return (wgmma, mma) if streamed_rows >= WGMMA_BACKWARD_MIN_ROWS else (mma, wgmma)
 
 
-def _forward_families(precision: str, head_dim_pad: int) -> tuple:
-    """The forward's tensor-core (kernel class, tiles) in preference order. The wgmma tiles
-    that measured faster than mma.sync's best tile on the H200 go first (same command as
-    FWD_WGMMA_TILES; mma.sync's best from the same session's run with the wgmma tiles
-    emptied, ms): "fp32" D=64 (256,32,16) 4.30, (192,64,12) 4.46, (192,32,12) 5.31 vs
-    5.53; "tf32" D=128 (256,32,16) 4.15, (192,64,12) 4.49, (192,32,12) 5.15 vs 5.19, and
-    at D=256, where no 12-warp tile fits, (128,16,8) 15.62 vs 16.99. Fewer warps measured
-    slower than mma.sync there ("fp32" D=64 (128,64,8) 5.82, "tf32" D=128 (128,16,8) 6.56,
-    4-warp tiles 2-3x slower), and so did wgmma as a whole at "fp32" D=128 (11.81 vs 11.57)
-    and "tf32" D=64 (2.83 vs 2.35): those come after mma.sync's tiles, where problems too
-    small to fill the GPU with the large tiles take mma.sync's, and wgmma still runs before
-    the CUDA cores would: "fp32" at D=256, where every mma.sync tile spills, 59.85 ms vs
-    FFMA 85.59."""
-    wgmma_first = head_dim_pad <= 64 if precision == "fp32" else head_dim_pad >= 128
-    return _around_mma(FwdWgmmaConfig, FWD_WGMMA_TILES, (FwdMmaConfig, FWD_MMA_TILES),
-                       (12 if head_dim_pad <= 128 else 8) if wgmma_first else None)
+# The wgmma forward pays from about this many keys a query block sees (half the
+# sequence when causal): `scripts/families.py --pass fwd` on the H200 (B=4, H=16, as
+# planned / mma.sync only) measured it 0.71-0.93x at S = 256 (its staging launch and
+# copies do not pay back over 4 key tiles), 1.09-1.90x at S = 1024 (causal: 512 keys
+# seen) and 1.35-2.59x at 2048; "fp32" at head dim 256 (every mma.sync tile spills)
+# 1.66-2.25x at 256 already, which the order keeps: wgmma still goes before FFMA.
+WGMMA_FORWARD_MIN_KEYS = 512
 
 
-def _around_mma(wgmma_cls, wgmma_tiles, mma, min_warps: int | None) -> tuple:
-    """Kernel families of one pass in preference order: the wgmma tiles of at least
-    ``min_warps`` warps (none if None), then the mma.sync family ``mma`` (class, tiles),
-    then the other wgmma tiles, which still come before the CUDA cores."""
-    first = tuple(t for t in wgmma_tiles if min_warps is not None and t[2] >= min_warps)
-    rest = tuple(t for t in wgmma_tiles if t not in first)
-    return ((wgmma_cls, first), mma, (wgmma_cls, rest))
+def _forward_families(precision: str, head_dim_pad: int, causal: bool, streamed_keys: int) -> tuple:
+    """The forward's tensor-core (kernel class, tiles) in preference order: on sm_90 the
+    wgmma tiles, FWD_WGMMA_FIRST's of this mode, head dim class and causality first, then
+    mma.sync's (elsewhere the wgmma class is not eligible); mma.sync first where a query
+    block sees fewer than WGMMA_FORWARD_MIN_KEYS keys. With its key tiles split once per
+    call, wgmma measured faster than mma.sync's best tile at every head dim and mode
+    (`tune_tiles.py --families wgmma,forward`, S=4096, not causal, ms): "tf32" D=64
+    1.39 vs 2.45, D=128 2.46 vs 5.15, D=256 5.23 vs 16.92; "fp32" D=64 2.92 vs 5.68, D=128
+    6.51 vs 11.48, D=256 19.94 (every mma.sync tile spills there)."""
+    d_class = 64 if head_dim_pad <= 64 else 128 if head_dim_pad <= 128 else 256
+    first = tuple(t for t in FWD_WGMMA_FIRST.get((precision, d_class, causal), ()) if t in FWD_WGMMA_TILES)
+    wgmma = (FwdWgmmaConfig, first + tuple(t for t in FWD_WGMMA_TILES if t not in first))
+    mma = (FwdMmaConfig, FWD_MMA_TILES)
+    return (wgmma, mma) if streamed_keys >= WGMMA_FORWARD_MIN_KEYS else (mma, wgmma)
 
 
 # The TF32 mode (one pass, 32-bit operands) measured apart on the H200 (whole-call ms,
@@ -1119,7 +1230,8 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
     max_block_m = _next_pow2_at_least_8(problem.seqlen_q)
     simt = list(_candidates(FwdSimtConfig, FWD_SIMT_TILES, problem, max_block_m, 64))
     d_pad = mma_head_dim_pad(problem.head_dim)
-    return _plan_pass("forward", lambda precision: _forward_families(precision, d_pad), simt,
+    seen_k = problem.seqlen_k // 2 if problem.causal else problem.seqlen_k
+    return _plan_pass("forward", lambda precision: _forward_families(precision, d_pad, problem.causal, seen_k), simt,
                       problem, device, max_block_m, _next_pow2_at_least_8(problem.seqlen_k),
                       _query_tiles_blocks(problem))
 

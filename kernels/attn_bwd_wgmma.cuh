@@ -1,12 +1,13 @@
 // Backward attention for float32 inputs on Hopper's warpgroup MMA (sm_90a), TF32
 // operands: Op = MmaTf32<3> (3xTF32, float32 accuracy) or MmaTf32<1> (one TF32 pass).
 // The same launches and algorithm as attn_bwd_mma.cuh (attn_bwd_delta first, then
-// dK/dV and dQ, deterministic, no atomics); the products run as wgmma on TF32 tiles
-// built as the wgmma forward builds them (wgmma_tiles.cuh): float32 copied by
-// cp.async into a padded staging tile, split by the whole block into big (and small)
-// TF32 parts in core-matrix order, between two barriers. TF32 B operands must be
+// dK/dV and dQ, deterministic, no atomics); the products run as wgmma on TF32 tiles.
+// The tiles a block keeps (K and V for dK/dV, Q and dO for dQ) it splits itself, once;
+// the tiles it streams come split once per call by a staging launch
+// (wgmma_staging.cuh), each as one pipeline stage holds it, copied whole with one
+// cp.async.bulk counted by an mbarrier, one or two stages ahead. TF32 B operands must be
 // K-major, so the operand that a product reduces over its rows (Q and dO for dK and
-// dV, K for dQ) is stored a second time, transposed, in the k order of the register
+// dV, K for dQ) is staged a second time, transposed, in the k order of the register
 // A operand that P^T, dS^T or dS becomes (slots permuted within 8, wgmma_tiles.cuh).
 //
 // attn_bwd_dkdv_wgmma: a block owns BLOCK_N keys of one key/value head, 64 per
@@ -29,26 +30,23 @@
 // plan.BwdDkdvWgmmaConfig.layout:
 //   k_tile     [PARTS][BLOCK_N x D_PAD]   float  core matrices (wgmma.cuh)
 //   v_tile     [PARTS][BLOCK_N x D_PAD]   float
-//   q_tile     [PARTS][BLOCK_M x D_PAD]   float
-//   do_tile    [PARTS][BLOCK_M x D_PAD]   float
-//   qt_tile    [PARTS][D_PAD x BLOCK_M]   float  Q transposed, query slots permuted
-//   dot_tile   [PARTS][D_PAD x BLOCK_M]   float  dO transposed
-//   q_raw      [BLOCK_M][D_PAD + 4]       float  cp.async staging, rows padded by 16 bytes
-//   do_raw     [BLOCK_M][D_PAD + 4]       float
-//   lse_tile   [BLOCK_M]                  float  lse * log2(e), 0 past the end
-//   delta_tile [BLOCK_M]                  float
+//   q_tiles    [STAGES][Q: PARTS][BLOCK_M x D_PAD], [dO: ...], [Q^T: PARTS][D_PAD x BLOCK_M],
+//                      [dO^T: ...], [lse * log2(e): BLOCK_M], [delta: BLOCK_M]   a query tile as
+//                      stage_queries_tf32 writes it (transposed: query slots permuted)
+//   barriers   [STAGES]                   mbarrier
 // and as plan.BwdDqWgmmaConfig.layout:
 //   q_tile     [PARTS][BLOCK_M x D_PAD]   float
 //   do_tile    [PARTS][BLOCK_M x D_PAD]   float
-//   k_tile     [PARTS][BLOCK_N x D_PAD]   float
-//   v_tile     [PARTS][BLOCK_N x D_PAD]   float
-//   kt_tile    [PARTS][D_PAD x BLOCK_N]   float  K transposed, key slots permuted
-//   k_raw      [BLOCK_N][D_PAD + 4]       float
-//   v_raw      [BLOCK_N][D_PAD + 4]       float
+//   kv_tiles   [STAGES][K: PARTS][BLOCK_N x D_PAD], [V: PARTS][BLOCK_N x D_PAD],
+//                      [K^T: PARTS][D_PAD x BLOCK_N]   float  a key tile as stage_keys_tf32<..., true>
+//                                                             writes it, copied whole (cp.async.bulk)
+//   barriers   [STAGES]                   mbarrier
+// STAGES = 2 where that fits in sm_90's 232448 bytes, else 1.
 #pragma once
 
 #include "attn_bwd_simt.cuh"  // attn_bwd_delta, LOG2E
 #include "simt_tiles.cuh"
+#include "wgmma_staging.cuh"
 #include "wgmma_tiles.cuh"
 
 namespace cupyattn {
@@ -56,39 +54,32 @@ namespace cupyattn {
 template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
 struct BwdDkdvWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
-    static constexpr int RAW_STRIDE = D_PAD + 4;
     static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4, TILE_M = PARTS * BLOCK_M * D_PAD * 4;
+    // A staged query tile: Q, dO, Q^T, dO^T, then lse * log2(e) and delta per row (stage_queries_tf32).
+    static constexpr int STAGE_BYTES = 4 * TILE_M + 2 * BLOCK_M * 4;
+    static constexpr int STAGES = 2 * TILE_N + 2 * STAGE_BYTES + 2 * 8 <= SM90_SMEM_PER_BLOCK ? 2 : 1;
     static constexpr int k_tile = 0;
     static constexpr int v_tile = k_tile + TILE_N;
-    static constexpr int q_tile = v_tile + TILE_N;
-    static constexpr int do_tile = q_tile + TILE_M;
-    static constexpr int qt_tile = do_tile + TILE_M;
-    static constexpr int dot_tile = qt_tile + TILE_M;
-    static constexpr int q_raw = dot_tile + TILE_M;
-    static constexpr int do_raw = q_raw + BLOCK_M * RAW_STRIDE * 4;
-    static constexpr int lse_tile = do_raw + BLOCK_M * RAW_STRIDE * 4;
-    static constexpr int delta_tile = align16(lse_tile + BLOCK_M * 4);
-    static constexpr int total = delta_tile + BLOCK_M * 4;
-    static constexpr int num_buffers = 10;
-    static constexpr int offsets[num_buffers] = {k_tile, v_tile, q_tile, do_tile, qt_tile,
-                                                 dot_tile, q_raw, do_raw, lse_tile, delta_tile};
+    static constexpr int q_tiles = v_tile + TILE_N;
+    static constexpr int barriers = q_tiles + STAGES * STAGE_BYTES;
+    static constexpr int total = barriers + STAGES * 8;
+    static constexpr int num_buffers = 4;
+    static constexpr int offsets[num_buffers] = {k_tile, v_tile, q_tiles, barriers};
 };
 
 template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
 struct BwdDqWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
-    static constexpr int RAW_STRIDE = D_PAD + 4;
     static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4, TILE_M = PARTS * BLOCK_M * D_PAD * 4;
+    static constexpr int STAGE_BYTES = 3 * TILE_N;  // a staged key tile: K, V, K^T (stage_keys_tf32)
+    static constexpr int STAGES = 2 * TILE_M + 2 * STAGE_BYTES + 2 * 8 <= SM90_SMEM_PER_BLOCK ? 2 : 1;
     static constexpr int q_tile = 0;
     static constexpr int do_tile = q_tile + TILE_M;
-    static constexpr int k_tile = do_tile + TILE_M;
-    static constexpr int v_tile = k_tile + TILE_N;
-    static constexpr int kt_tile = v_tile + TILE_N;
-    static constexpr int k_raw = kt_tile + TILE_N;
-    static constexpr int v_raw = k_raw + BLOCK_N * RAW_STRIDE * 4;
-    static constexpr int total = v_raw + BLOCK_N * RAW_STRIDE * 4;
-    static constexpr int num_buffers = 7;
-    static constexpr int offsets[num_buffers] = {q_tile, do_tile, k_tile, v_tile, kt_tile, k_raw, v_raw};
+    static constexpr int kv_tiles = do_tile + TILE_M;
+    static constexpr int barriers = kv_tiles + STAGES * STAGE_BYTES;
+    static constexpr int total = barriers + STAGES * 8;
+    static constexpr int num_buffers = 4;
+    static constexpr int offsets[num_buffers] = {q_tile, do_tile, kv_tiles, barriers};
 };
 
 // Write a warpgroup's 64-row accumulator (CHUNKS x CN columns) times `scale`: this
@@ -127,7 +118,7 @@ attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, co
                     long long dv_sb, long long dv_ss, long long dv_sh,
                     int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
                     int head_dim, int head_dim_v, int num_n_tiles,
-                    float scale, float scale_log2, int causal_offset) {
+                    float scale, float scale_log2, int causal_offset, const float* __restrict__ q_staged) {
     static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dkdv_mma does)");
     constexpr int PASSES = Op::passes;
     using L = BwdDkdvWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>;
@@ -142,17 +133,13 @@ attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, co
     static_assert(D_PAD % 16 == 0 && M_BLOCKS % KG == 0, "tile shape");
     constexpr int KV_PART = BLOCK_N * D_PAD, Q_PART = BLOCK_M * D_PAD;  // words per TF32 part
 
+    constexpr int STAGES = L::STAGES;
+
     extern __shared__ __align__(128) unsigned char smem[];
     float* k_tile = reinterpret_cast<float*>(smem + L::k_tile);
     float* v_tile = reinterpret_cast<float*>(smem + L::v_tile);
-    float* q_tile = reinterpret_cast<float*>(smem + L::q_tile);
-    float* do_tile = reinterpret_cast<float*>(smem + L::do_tile);
-    float* qt_tile = reinterpret_cast<float*>(smem + L::qt_tile);
-    float* dot_tile = reinterpret_cast<float*>(smem + L::dot_tile);
-    float* q_raw = reinterpret_cast<float*>(smem + L::q_raw);
-    float* do_raw = reinterpret_cast<float*>(smem + L::do_raw);
-    float* lse_tile = reinterpret_cast<float*>(smem + L::lse_tile);
-    float* delta_tile = reinterpret_cast<float*>(smem + L::delta_tile);
+    unsigned char* q_tiles = smem + L::q_tiles;
+    unsigned long long* barriers = reinterpret_cast<unsigned long long*>(smem + L::barriers);
 
     const int warp = threadIdx.x / 32, wg = warp / 4;
     const int lane = threadIdx.x % 32;
@@ -170,28 +157,30 @@ attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, co
                                                        v_ss, seqlen_k - n0, head_dim_v);
 
     // Work items: (query head of the group, query tile), query tiles that can see a key
-    // of this block only (causal: from n0 - causal_offset on).
+    // of this block only (causal: from n0 - causal_offset on). Q, dO (and lse, delta)
+    // come through q_staged (stage_queries_tf32); q, dout, lse, delta stay in the launch
+    // signature every dK/dV kernel shares.
     const int m_begin = first_query_tile<CAUSAL, BLOCK_M>(n0, causal_offset);
     const int m_tiles = m_begin < seqlen_q ? (seqlen_q - m_begin + BLOCK_M - 1) / BLOCK_M : 0;
     const int n_items = group * m_tiles;
-    float lse_next = 0.0f, delta_next = 0.0f;  // thread i < BLOCK_M: query row i of the next item
-    auto load_item = [&](int item) {
-        const int hq = h_kv * group + item / m_tiles;
-        const int m0 = m_begin + (item % m_tiles) * BLOCK_M;
-        cp_async_tile<float, BLOCK_M, D_PAD, L::RAW_STRIDE, THREADS>(
-            q_raw, q + b * q_sb + hq * q_sh + m0 * q_ss, q_ss, seqlen_q - m0, head_dim);
-        cp_async_tile<float, BLOCK_M, D_PAD, L::RAW_STRIDE, THREADS>(
-            do_raw, dout + b * do_sb + hq * do_sh + m0 * do_ss, do_ss, seqlen_q - m0, head_dim_v);
-        const int i = threadIdx.x;
-        if (i < BLOCK_M) {  // plain loads, stored to shared memory with the next split
-            const long long row = (b * n_heads_q + hq) * (long long)seqlen_q + m0 + i;
-            const bool ok = m0 + i < seqlen_q;
-            lse_next = ok ? lse[row] * LOG2E : 0.0f;
-            delta_next = ok ? delta[row] : 0.0f;
-        }
+    const int n_q_tiles = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
+    // The group's first query head, tile m_begin: item i is query head i / m_tiles of the
+    // group, tile i % m_tiles after it.
+    const unsigned char* staged = reinterpret_cast<const unsigned char*>(q_staged) +
+                                  ((b * n_heads_q + h_kv * group) * n_q_tiles + m_begin / BLOCK_M) * L::STAGE_BYTES;
+    auto fetch = [&](int item) {  // thread 0 only: item's query tile into its stage
+        const long long tile = (long long)(item / m_tiles) * n_q_tiles + item % m_tiles;
+        const int stage = item % STAGES;
+        bulk_copy_to_shared(q_tiles + stage * L::STAGE_BYTES, staged + tile * L::STAGE_BYTES, L::STAGE_BYTES,
+                            &barriers[stage]);
     };
-    if (n_items > 0) load_item(0);
-    cp_async_commit();
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; ++i) mbarrier_init(&barriers[i], 1);
+        fence_mbarrier_init();
+    }
+    __syncthreads();  // barriers initialized before anyone waits on them
+    if (threadIdx.x == 0)
+        for (int item = 0; item < STAGES && item < n_items; ++item) fetch(item);
 
     float acc[2][CHUNKS][CN / 8][4];  // dV, dK
 #pragma unroll
@@ -200,27 +189,25 @@ attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, co
         for (int c = 0; c < CHUNKS; ++c) zero_acc(acc[p][c]);
     const unsigned k_addr = wg_smem_addr(k_tile) + wg * 8 * 128;  // the warpgroup's 8 row groups
     const unsigned v_addr = wg_smem_addr(v_tile) + wg * 8 * 128;
-    const unsigned q_addr = wg_smem_addr(q_tile), do_addr = wg_smem_addr(do_tile);
-    const unsigned qt_addr = wg_smem_addr(qt_tile), dot_addr = wg_smem_addr(dot_tile);
+    fence_proxy_async();
+    __syncthreads();  // K's and V's TF32 tiles written (and visible to wgmma)
 
     for (int item = 0; item < n_items; ++item) {
-        cp_async_wait<0>();
-        __syncthreads();  // the raw tiles are in; every warpgroup is done with the last TF32 tiles
-        split_both<PASSES, BLOCK_M, D_PAD, L::RAW_STRIDE, THREADS>(q_tile, qt_tile, Q_PART, q_raw);
-        split_both<PASSES, BLOCK_M, D_PAD, L::RAW_STRIDE, THREADS>(do_tile, dot_tile, Q_PART, do_raw);
-        if (threadIdx.x < BLOCK_M) {
-            lse_tile[threadIdx.x] = lse_next;
-            delta_tile[threadIdx.x] = delta_next;
+        if (item > 0) {
+            __syncthreads();  // every warpgroup is done with the last item's stage
+            if (threadIdx.x == 0 && item - 1 + STAGES < n_items) fetch(item - 1 + STAGES);
         }
-        fence_proxy_async();
-        __syncthreads();  // TF32 tiles written (and visible to wgmma); the raw tiles are free
-        if (item + 1 < n_items) load_item(item + 1);
-        cp_async_commit();
-
         const int m0 = m_begin + (item % m_tiles) * BLOCK_M;
         // A warpgroup whose keys are all past the end or after every query's diagonal
         // has nothing to add (uniform per warpgroup, as wgmma needs).
         if (wg_key0 >= seqlen_k || (CAUSAL && wg_key0 > m0 + BLOCK_M - 1 + causal_offset)) continue;
+        const int stage = item % STAGES;
+        mbarrier_wait(&barriers[stage], (item / STAGES) % 2);
+        unsigned char* tiles = q_tiles + stage * L::STAGE_BYTES;
+        const unsigned q_addr = wg_smem_addr(tiles), do_addr = q_addr + L::TILE_M;
+        const unsigned qt_addr = q_addr + 2 * L::TILE_M, dot_addr = q_addr + 3 * L::TILE_M;
+        const float* lse_tile = reinterpret_cast<const float*>(tiles + 4 * L::TILE_M);
+        const float* delta_tile = lse_tile + BLOCK_M;
 
         float sdp[2][M_BLOCKS][4];  // S^T, dP^T
         rows_by_rows<PASSES, 2, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(sdp, {k_addr, v_addr}, KV_PART * 4,
@@ -245,7 +232,6 @@ attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, co
         a_words(a[1], sdp[1]);
         regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(acc, a, {dot_addr, qt_addr}, Q_PART * 4);
     }
-    cp_async_wait<0>();
 
     const long long at_k = b * dk_sb + h_kv * dk_sh + key0 * dk_ss, at_v = b * dv_sb + h_kv * dv_sh + key0 * dv_ss;
     store_wg_acc<CHUNKS, CN>(dk + at_k, dk_ss, acc[1], scale, seqlen_k - key0, head_dim, lane);
@@ -264,7 +250,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                   long long dq_sb, long long dq_ss, long long dq_sh,
                   int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
                   int head_dim, int head_dim_v, int num_m_tiles,
-                  float scale, float scale_log2, int causal_offset) {
+                  float scale, float scale_log2, int causal_offset, const float* __restrict__ kv_staged) {
     static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dq_mma does)");
     constexpr int PASSES = Op::passes;
     using L = BwdDqWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>;
@@ -279,14 +265,13 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     static_assert(D_PAD % 16 == 0 && N_BLOCKS % KG == 0, "tile shape");
     constexpr int Q_PART = BLOCK_M * D_PAD, KV_PART = BLOCK_N * D_PAD;
 
+    constexpr int STAGES = L::STAGES;
+
     extern __shared__ __align__(128) unsigned char smem[];
     float* q_tile = reinterpret_cast<float*>(smem + L::q_tile);
     float* do_tile = reinterpret_cast<float*>(smem + L::do_tile);
-    float* k_tile = reinterpret_cast<float*>(smem + L::k_tile);
-    float* v_tile = reinterpret_cast<float*>(smem + L::v_tile);
-    float* kt_tile = reinterpret_cast<float*>(smem + L::kt_tile);
-    float* k_raw = reinterpret_cast<float*>(smem + L::k_raw);
-    float* v_raw = reinterpret_cast<float*>(smem + L::v_raw);
+    unsigned char* kv_tiles = smem + L::kv_tiles;
+    unsigned long long* barriers = reinterpret_cast<unsigned long long*>(smem + L::barriers);
 
     const int warp = threadIdx.x / 32, wg = warp / 4;
     const int lane = threadIdx.x % 32;
@@ -295,20 +280,26 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     const int m0 = qb.m0;
     const int wg_row0 = m0 + wg * 64;
     const int warp_row0 = wg_row0 + (warp % 4) * 16;
-    k += qb.b * k_sb + qb.h_kv * k_sh;
-    v += qb.b * v_sb + qb.h_kv * v_sh;
+    // K and V come through kv_staged (stage_keys_tf32<..., true>); k_*, v_* stay in the
+    // launch signature every dQ kernel shares.
+    const int n_kv_tiles = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
+    const unsigned char* staged = reinterpret_cast<const unsigned char*>(kv_staged) +
+                                  (long long)(qb.b * n_heads_kv + qb.h_kv) * n_kv_tiles * L::STAGE_BYTES;
 
     const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
-    auto load_raw = [&](int tile) {
-        const int n0 = tile * BLOCK_N;
-        cp_async_tile<float, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(k_raw, k + n0 * k_ss, k_ss, n_end - n0,
-                                                                     head_dim);
-        cp_async_tile<float, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(v_raw, v + n0 * v_ss, v_ss, n_end - n0,
-                                                                     head_dim_v);
+    auto fetch = [&](int tile) {  // thread 0 only: key tile `tile` into its stage
+        const int stage = tile % STAGES;
+        bulk_copy_to_shared(kv_tiles + stage * L::STAGE_BYTES, staged + (long long)tile * L::STAGE_BYTES,
+                            L::STAGE_BYTES, &barriers[stage]);
     };
-    if (n_tiles > 0) load_raw(0);
-    cp_async_commit();
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; ++i) mbarrier_init(&barriers[i], 1);
+        fence_mbarrier_init();
+    }
+    __syncthreads();  // barriers initialized before anyone waits on them
+    if (threadIdx.x == 0)
+        for (int tile = 0; tile < STAGES && tile < n_tiles; ++tile) fetch(tile);
 
     // Q and dO, once, from global memory (zeros past the last row).
     split_rows_global<PASSES, BLOCK_M, D_PAD, THREADS>(q_tile, Q_PART, q + qb.b * q_sb + qb.h * q_sh + m0 * q_ss,
@@ -331,19 +322,28 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     for (int c = 0; c < CHUNKS; ++c) zero_acc(dq_acc[0][c]);
     const unsigned q_addr = wg_smem_addr(q_tile) + wg * 8 * 128;  // the warpgroup's 8 row groups
     const unsigned do_addr = wg_smem_addr(do_tile) + wg * 8 * 128;
-    const unsigned k_addr = wg_smem_addr(k_tile), v_addr = wg_smem_addr(v_tile), kt_addr = wg_smem_addr(kt_tile);
+    fence_proxy_async();
+    __syncthreads();  // Q's and dO's TF32 tiles written (and visible to wgmma)
 
     for (int tile = 0; tile < n_tiles; ++tile) {
-        cp_async_wait<0>();
-        __syncthreads();  // the raw tiles are in; every warpgroup is done with the last TF32 tiles
-        split_both<PASSES, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(k_tile, kt_tile, KV_PART, k_raw);
-        split_rows<PASSES, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(v_tile, KV_PART, v_raw);
-        fence_proxy_async();
-        __syncthreads();  // TF32 tiles written (and visible to wgmma); the raw tiles are free
-        if (tile + 1 < n_tiles) load_raw(tile + 1);
-        cp_async_commit();
-
+        const int stage = tile % STAGES;
+        const unsigned k_addr = wg_smem_addr(kv_tiles + stage * L::STAGE_BYTES);
+        const unsigned v_addr = k_addr + L::TILE_N, kt_addr = k_addr + 2 * L::TILE_N;
         const int n0 = tile * BLOCK_N;
+        if (tile > 0) {
+            __syncthreads();  // every warpgroup is done with the last tile's stage
+            if (threadIdx.x == 0 && tile - 1 + STAGES < n_tiles) fetch(tile - 1 + STAGES);
+        }
+        mbarrier_wait(&barriers[stage], (tile / STAGES) % 2);
+        // A causal block's last tile may reach past every key its rows see (n_end; the
+        // staging zero-fills past seqlen_k only): K^T is zeroed there, so that NaN or inf
+        // in keys no row may see cannot reach dQ through 0 * NaN (S and dP select).
+        if (CAUSAL && n0 + BLOCK_N > n_end && n_end < seqlen_k) {
+            zero_transposed_rows<L::PARTS, BLOCK_N, D_PAD, THREADS>(
+                reinterpret_cast<float*>(kv_tiles + stage * L::STAGE_BYTES + 2 * L::TILE_N), n_end - n0);
+            fence_proxy_async();
+            __syncthreads();
+        }
         if (CAUSAL && n0 > wg_row0 + 63 + causal_offset) continue;  // uniform per warpgroup
 
         float sdp[2][N_BLOCKS][4];  // S, dP
@@ -367,7 +367,6 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
         a_words(a[0], sdp[1]);
         regs_by_transposed<PASSES, 1, CN, CHUNKS, N_BLOCKS, KG, D_PAD>(dq_acc, a, {kt_addr}, KV_PART * 4);
     }
-    cp_async_wait<0>();
 
     store_wg_acc<CHUNKS, CN>(dq + qb.b * dq_sb + qb.h * dq_sh + (long long)warp_row0 * dq_ss, dq_ss, dq_acc[0], scale,
                              seqlen_q - warp_row0, head_dim, lane);

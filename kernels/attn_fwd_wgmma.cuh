@@ -17,26 +17,32 @@
 // a float32 NumPy reference's error at head dims 64-256; a chain of 3 * D / 8 products
 // through S, 3.4-4.7x). One TF32 pass accumulates straight into S and O.
 //
-// Per K/V tile: wait for its raw float32 copy (cp.async, issued one tile ahead), split
-// it into the TF32 tiles (the whole block), start the next tile's copy, compute. (Two
-// TF32 stages, splitting tile j + 1 between the wgmma groups of tile j, measured 7-75%
-// slower on the H200, every tile: BENCHMARKS.md, sixth session.)
+// K and V are split once per call, not once per query block: stage_keys_tf32 (wgmma_staging.cuh) writes every
+// BLOCK_N-key tile as this kernel's shared memory holds it (K's TF32 parts, then V^T's,
+// in core-matrix order), and the forward copies each tile whole with one bulk copy
+// (cp.async.bulk) per operand, counted by an mbarrier; one thread issues the copies,
+// STAGES tiles ahead. With every query block splitting every key tile itself (the
+// sixth session's kernel), the split and its two block barriers per tile took 30-60% of
+// the time on the H200 (BENCHMARKS.md, eighth session). With one stage (where two do not
+// fit) the next tile's K comes in once every warpgroup is done with S = Q K^T, its V
+// once P V is done.
 //
 // Needs: head_dim == head_dim_v, head_dim % 8 == 0, 16-byte aligned rows.
 // Grid: as attn_fwd_mma. Block: NUM_WARPS = 4 * warpgroups, BLOCK_M = 64 * warpgroups.
 //
 // Shared memory (FwdWgmmaLayout; same names and order as plan.FwdWgmmaConfig.layout),
 // PARTS = 2 (big, small) for 3xTF32, else 1; TF32 tiles in wgmma.cuh's core-matrix order:
-//   q_tile  [PARTS][BLOCK_M x D_PAD]     float
-//   k_tile  [PARTS][BLOCK_N x D_PAD]     float
-//   vt_tile [PARTS][D_PAD x BLOCK_N]     float  V transposed, keys permuted within 8 (below)
-//   k_raw   [BLOCK_N][D_PAD + 4]         float  cp.async staging, rows padded by 16 bytes
-//   v_raw   [BLOCK_N][D_PAD + 4]         float
+//   q_tile   [PARTS][BLOCK_M x D_PAD]                         float
+//   kv_tiles [STAGES][K: PARTS][BLOCK_N x D_PAD],
+//                    [V^T: PARTS][D_PAD x BLOCK_N]            float  V^T's keys permuted within 8 (below)
+//   barriers [STAGES][K, V]                                   mbarrier (8 bytes)
+// STAGES = 2 where that fits in sm_90's 232448 bytes, else 1.
 #pragma once
 
 #include "mma.cuh"
 #include "simt_tiles.cuh"
 #include "wgmma.cuh"
+#include "wgmma_staging.cuh"
 #include "wgmma_tiles.cuh"
 
 namespace cupyattn {
@@ -44,15 +50,16 @@ namespace cupyattn {
 template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
 struct FwdWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
-    static constexpr int RAW_STRIDE = D_PAD + 4;  // floats per staging row
+    static constexpr int Q_BYTES = PARTS * BLOCK_M * D_PAD * 4;
+    static constexpr int K_BYTES = PARTS * BLOCK_N * D_PAD * 4;  // one operand of a staged key tile (K or V^T)
+    static constexpr int TILE_BYTES = 2 * K_BYTES;
+    static constexpr int STAGES = Q_BYTES + 2 * TILE_BYTES + 2 * 16 <= SM90_SMEM_PER_BLOCK ? 2 : 1;
     static constexpr int q_tile = 0;
-    static constexpr int k_tile = q_tile + PARTS * BLOCK_M * D_PAD * 4;
-    static constexpr int vt_tile = k_tile + PARTS * BLOCK_N * D_PAD * 4;
-    static constexpr int k_raw = vt_tile + PARTS * D_PAD * BLOCK_N * 4;
-    static constexpr int v_raw = k_raw + BLOCK_N * RAW_STRIDE * 4;
-    static constexpr int total = v_raw + BLOCK_N * RAW_STRIDE * 4;
-    static constexpr int num_buffers = 5;
-    static constexpr int offsets[num_buffers] = {q_tile, k_tile, vt_tile, k_raw, v_raw};
+    static constexpr int kv_tiles = Q_BYTES;
+    static constexpr int barriers = kv_tiles + STAGES * TILE_BYTES;
+    static constexpr int total = barriers + STAGES * 2 * 8;
+    static constexpr int num_buffers = 3;
+    static constexpr int offsets[num_buffers] = {q_tile, kv_tiles, barriers};
 };
 
 template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
@@ -65,7 +72,7 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
                long long o_sb, long long o_ss, long long o_sh,
                int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
                int head_dim, int head_dim_v, int num_m_tiles,
-               float scale_log2, int causal_offset) {
+               float scale_log2, int causal_offset, const float* __restrict__ kv_staged) {
     static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_fwd_mma does)");
     constexpr int PASSES = Op::passes;
     using L = FwdWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>;
@@ -84,12 +91,12 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
     using WgS = WgmmaTf32<BLOCK_N>;
     using WgO = WgmmaTf32<CN>;
 
+    constexpr int STAGES = L::STAGES, PARTS = L::PARTS;
+
     extern __shared__ __align__(128) unsigned char smem[];
     float* q_tile = reinterpret_cast<float*>(smem + L::q_tile);
-    float* k_tile = reinterpret_cast<float*>(smem + L::k_tile);
-    float* vt_tile = reinterpret_cast<float*>(smem + L::vt_tile);
-    float* k_raw = reinterpret_cast<float*>(smem + L::k_raw);
-    float* v_raw = reinterpret_cast<float*>(smem + L::v_raw);
+    unsigned char* kv_tiles = smem + L::kv_tiles;
+    unsigned long long* barriers = reinterpret_cast<unsigned long long*>(smem + L::barriers);  // [stage][K, V]
     constexpr int Q_PART = BLOCK_M * D_PAD, KV_PART = BLOCK_N * D_PAD;  // words per TF32 part
 
     const int warp = threadIdx.x / 32, wg = warp / 4;
@@ -98,23 +105,34 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
     const QueryBlock qb = query_block<BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
     const int m0 = qb.m0;
     q += qb.b * q_sb + qb.h * q_sh + m0 * q_ss;
-    k += qb.b * k_sb + qb.h_kv * k_sh;
-    v += qb.b * v_sb + qb.h_kv * v_sh;
     out += qb.b * o_sb + qb.h * o_sh + m0 * o_ss;
     lse += (qb.b * n_heads_q + qb.h) * (long long)seqlen_q + m0;
+    // k and v are read through kv_staged (stage_keys_tf32); k_*, v_* stay in the launch
+    // signature every forward kernel shares.
+    const int n_kv_tiles = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
+    const unsigned char* staged =
+        reinterpret_cast<const unsigned char*>(kv_staged) + (long long)(qb.b * n_heads_kv + qb.h_kv) * n_kv_tiles * L::TILE_BYTES;
 
     const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
 
-    auto load_raw = [&](int tile) {
-        const int n0 = tile * BLOCK_N;
-        cp_async_tile<float, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(k_raw, k + n0 * k_ss, k_ss, n_end - n0,
-                                                                     head_dim);
-        cp_async_tile<float, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(v_raw, v + n0 * v_ss, v_ss, n_end - n0,
-                                                                     head_dim_v);
+    // Thread 0 only: key tile `tile`'s K (which = 0) or V^T (1) into its stage.
+    auto fetch = [&](int tile, int which) {
+        const int stage = tile % STAGES;
+        bulk_copy_to_shared(kv_tiles + stage * L::TILE_BYTES + which * L::K_BYTES,
+                            staged + (long long)tile * L::TILE_BYTES + which * L::K_BYTES, L::K_BYTES,
+                            &barriers[2 * stage + which]);
     };
-    if (n_tiles > 0) load_raw(0);
-    cp_async_commit();
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 2 * STAGES; ++i) mbarrier_init(&barriers[i], 1);
+        fence_mbarrier_init();
+    }
+    __syncthreads();  // barriers initialized before anyone waits on them
+    if (threadIdx.x == 0)
+        for (int tile = 0; tile < STAGES && tile < n_tiles; ++tile) {
+            fetch(tile, 0);
+            fetch(tile, 1);
+        }
 
     // Q, once: chunk i (4 columns of one row) lands at word 4i of the core-matrix tile,
     // rows fastest within 8-row groups (wgmma.cuh), zeros outside the problem.
@@ -137,25 +155,48 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
     const int wg_row0 = m0 + wg * 64;
     const int warp_row0 = wg_row0 + (warp % 4) * 16;
     const unsigned q_addr = wg_smem_addr(q_tile) + wg * 8 * 128;  // the warpgroup's 8 row groups
-    const unsigned k_addr = wg_smem_addr(k_tile), vt_addr = wg_smem_addr(vt_tile);
+
+    fence_proxy_async();
+    __syncthreads();  // Q's TF32 tiles written (and visible to wgmma)
 
     for (int tile = 0; tile < n_tiles; ++tile) {
-        cp_async_wait<0>();
-        __syncthreads();  // the raw tile is in; every warpgroup is done with the last TF32 tiles
-
-        // K as TF32 parts; V^T in the key order of P's register A operand (wgmma_tiles.cuh).
-        split_rows<PASSES, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(k_tile, KV_PART, k_raw);
-        split_transposed<PASSES, BLOCK_N, D_PAD, L::RAW_STRIDE, THREADS>(vt_tile, KV_PART, v_raw);
-        fence_proxy_async();
-        __syncthreads();  // TF32 tiles written (and visible to wgmma); the raw tiles are free
-        if (tile + 1 < n_tiles) load_raw(tile + 1);
-        cp_async_commit();
-
+        const int stage = tile % STAGES;
+        const unsigned parity = (tile / STAGES) % 2;
+        const unsigned k_addr = wg_smem_addr(kv_tiles + stage * L::TILE_BYTES), vt_addr = k_addr + L::K_BYTES;
         const int n0 = tile * BLOCK_N;
-        // Causal: a warpgroup whose last row precedes this tile's first key has nothing to add.
-        if (CAUSAL && n0 > wg_row0 + 63 + causal_offset) continue;
+        if (tile > 0) {
+            __syncthreads();  // every warpgroup is done with the last tile's stage
+            if (threadIdx.x == 0 && tile - 1 + STAGES < n_tiles) {
+                if (STAGES == 2) fetch(tile - 1 + STAGES, 0);  // with one stage, K came in after S
+                fetch(tile - 1 + STAGES, 1);
+            }
+        }
+        // A causal block's last tile may reach past every key its rows see (n_end, which
+        // ends the tiles; the staging zero-fills past seqlen_k only): V^T is zeroed there,
+        // so that NaN or inf in keys no row may see cannot reach O through 0 * NaN.
+        if (CAUSAL && n0 + BLOCK_N > n_end && n_end < seqlen_k) {
+            mbarrier_wait(&barriers[2 * stage + 1], parity);
+            zero_transposed_rows<PARTS, BLOCK_N, D_PAD, THREADS>(
+                reinterpret_cast<float*>(kv_tiles + stage * L::TILE_BYTES + L::K_BYTES), n_end - n0);
+            fence_proxy_async();
+            __syncthreads();
+        }
+        // Thread 0 only, one stage: once every warpgroup is done with K, the next tile's K.
+        auto release_k = [&] {
+            if constexpr (STAGES == 1) {
+                __syncthreads();
+                if (threadIdx.x == 0 && tile + 1 < n_tiles) fetch(tile + 1, 0);
+            }
+        };
+        // Causal: a warpgroup whose last row precedes this tile's first key has nothing to
+        // add (but meets the others at the block barriers).
+        if (CAUSAL && n0 > wg_row0 + 63 + causal_offset) {
+            release_k();
+            continue;
+        }
 
         // S = Q K^T.
+        mbarrier_wait(&barriers[2 * stage], parity);
         float s[N_BLOCKS][4];
 #pragma unroll
         for (int j = 0; j < N_BLOCKS; ++j)
@@ -204,6 +245,7 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
             wgmma_wait<0>();
             fence_operand(s);
         }
+        release_k();
 
         // Online softmax, as attn_fwd_mma; masks only where the tile reaches past the
         // sequence end or the warp's causal diagonal.
@@ -246,6 +288,7 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
                 }
         }
 
+        mbarrier_wait(&barriers[2 * stage + 1], parity);
         // O += P V: P's register A operand per 8-key k-step (keys permuted as V^T's slots).
         Tf32Words<PASSES, 4> p[N_BLOCKS];
 #pragma unroll
@@ -303,7 +346,6 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
             for (int c = 0; c < O_CHUNKS; ++c) fence_operand(o_acc[c]);
         }
     }
-    cp_async_wait<0>();
 
     // O /= l; rows that saw no key get O = 0 and lse = -inf.
 #pragma unroll

@@ -49,6 +49,38 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // Generic-proxy shared-memory stores become visible to wgmma's (async proxy) reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Bulk copies (cp.async.bulk, the TMA's one-dimensional form) and the mbarriers that
+// count their bytes: one thread arms a barrier with the bytes to come and starts the
+// copy; every thread that reads the destination waits for the barrier's phase.
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(wg_smem_addr(bar)), "r"(arrivals) : "memory");
+}
+// The barriers' initialization is visible to the asynchronous proxy (the copies).
+__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src to shared
+// dst; the barrier's current phase completes when they have landed.
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes,
+                                                    unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wg_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     wg_smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(wg_smem_addr(bar))
+                 : "memory");
+}
+
+// Wait until the barrier's phase of this parity (0, 1, 0, ... for its 1st, 2nd, 3rd
+// phase) has completed.
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(wg_smem_addr(bar)), "r"(parity)
+                     : "memory");
+}
+
 template <int NB>
 __device__ __forceinline__ void fence_operand(float (&d)[NB][4]) {
 #pragma unroll

@@ -1,15 +1,15 @@
 // TF32 operand tiles for wgmma (wgmma.cuh's core-matrix layout), built the same way by
-// the forward (attn_fwd_wgmma.cuh) and the backward (attn_bwd_wgmma.cuh), and the two
-// product shapes of the backward. (The forward keeps its own copy of those two loops:
+// the wgmma kernels (the tiles a block keeps) and the staging launches (the tiles they
+// stream, wgmma_staging.cuh), and the two product shapes of the backward. (The forward keeps its own copy of those two loops:
 // through these helpers ptxas scheduled it differently and spilled 24 bytes in its
 // 16-warp 3xTF32 tile, so it stays as measured.) PASSES = 3: 3xTF32, every operand as
 // big and small TF32 parts, stored PART words apart; PASSES = 1: one TF32 part.
 //
-//   split_rows_global  float32 rows of global memory -> an R-row tile (synchronous loads)
-//   split_rows         float32 rows -> an R-row tile (the operand of A B^T)
-//   split_transposed   float32 rows -> the transposed tile, R rows becoming the k
-//                      dimension in the order a register A operand takes them
-//   split_both         both of the above from one read (split_transposed<..., true>)
+//   split_rows_global  float32 rows of global memory -> an R-row tile (the operand of
+//                      A B^T; synchronous loads)
+//   split_transposed   float32 rows staged in shared memory -> the transposed tile, R rows
+//                      becoming the k dimension in the order a register A operand takes them
+//   zero_transposed_rows  rows from some index on of a transposed tile, zeroed
 //   rows_by_rows       d = A B^T, A 64 rows and B N rows of such tiles, in shared memory
 //   regs_by_transposed acc += A B, A in registers (from accumulators), B a transposed tile
 //
@@ -56,28 +56,13 @@ __device__ __forceinline__ void split_rows_global(float* tile, int part, const f
     }
 }
 
-// As split_rows_global from a staging tile in shared memory (row stride RAW_STRIDE,
-// already zero-filled): raw rows r..r+7 of one column chunk per 8 lanes, 16 bytes apart
-// in banks (padded rows), 128 contiguous bytes out.
+// The transposed tile (D_PAD rows, R slots of k) of a staging tile of R rows in shared
+// memory (row stride RAW_STRIDE, already zero-filled): element (d, slot) with slot the
+// row's place in the register A operand's k order (above). A lane reads 4 columns d of
+// one row and writes them to 4 rows of the transpose, starting at (e + s) % 4 so that a
+// warp's stores hit 32 banks.
 template <int PASSES, int R, int D_PAD, int RAW_STRIDE, int THREADS>
-__device__ __forceinline__ void split_rows(float* tile, int part, const float* raw) {
-#pragma unroll 1
-    for (int i = threadIdx.x; i < R * D_PAD / 4; i += THREADS) {
-        const int r = (i / 8) % (R / 8) * 8 + i % 8, c = i / R * 4;
-        store_parts<PASSES>(tile, tile + part, 4 * i, *reinterpret_cast<const float4*>(raw + r * RAW_STRIDE + c));
-    }
-}
-
-// The transposed tile (D_PAD rows, R slots of k) of a staging tile of R rows: element
-// (d, slot) with slot the row's place in the register A operand's k order (above). A
-// lane reads 4 columns d of one row and writes them to 4 rows of the transpose,
-// starting at (e + s) % 4 so that a warp's stores hit 32 banks. With ROWS, the same
-// pass also writes the R-row tile (as split_rows; each lane's 16 bytes land in one row
-// of a core matrix): one read and one split per chunk for the backward's Q and dO
-// (dK/dV) and K (dQ), which it needs both ways.
-template <int PASSES, int R, int D_PAD, int RAW_STRIDE, int THREADS, bool ROWS = false>
-__device__ __forceinline__ void split_transposed(float* transposed, int part, const float* raw,
-                                                 float* rows = nullptr) {
+__device__ __forceinline__ void split_transposed(float* transposed, int part, const float* raw) {
     constexpr int R_BLOCKS = R / 8;
 #pragma unroll 1
     for (int i = threadIdx.x; i < R * D_PAD / 4; i += THREADS) {
@@ -90,13 +75,6 @@ __device__ __forceinline__ void split_transposed(float* transposed, int part, co
         w.set(1, x.y);
         w.set(2, x.z);
         w.set(3, x.w);
-        if constexpr (ROWS) {
-            const int at = core_offset<R>(r, 4 * cc);
-            *reinterpret_cast<uint4*>(rows + at) = make_uint4(w.big[0], w.big[1], w.big[2], w.big[3]);
-            if constexpr (PASSES == 3)
-                *reinterpret_cast<uint4*>(rows + part + at) =
-                    make_uint4(w.small[0], w.small[1], w.small[2], w.small[3]);
-        }
         const int s = r8 % 2 + 2 * ((c_lo / 2) % 2);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -108,9 +86,17 @@ __device__ __forceinline__ void split_transposed(float* transposed, int part, co
     }
 }
 
-template <int PASSES, int R, int D_PAD, int RAW_STRIDE, int THREADS>
-__device__ __forceinline__ void split_both(float* rows, float* transposed, int part, const float* raw) {
-    split_transposed<PASSES, R, D_PAD, RAW_STRIDE, THREADS, true>(transposed, part, raw, rows);
+// Zero rows [from, R) of the R rows that a transposed tile (PARTS parts, split_transposed
+// order) holds as slots: the wgmma kernels' last key tile past every key a block sees.
+template <int PARTS, int R, int D_PAD, int THREADS>
+__device__ __forceinline__ void zero_transposed_rows(float* transposed, int from) {
+#pragma unroll 1
+    for (int i = threadIdx.x; i < PARTS * R * D_PAD; i += THREADS) {
+        const int w = i % (R * D_PAD);  // core matrix (slot / 4, d / 8), then d % 8, slot % 4
+        const int slot = w / 32 / (D_PAD / 8) * 4 + w % 4;
+        const int s8 = slot % 8, row = slot - s8 + (s8 < 4 ? 2 * s8 : 2 * (s8 - 4) + 1);
+        if (row >= from) transposed[i] = 0.0f;
+    }
 }
 
 template <int NB>

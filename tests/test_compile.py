@@ -159,7 +159,11 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
         pytest.skip(str(exc))
     if isinstance(cfg, WgmmaConfig):  # float32 TF32 modes on sm_90 (plan._forward_families, _backward_families)
         assert arch == "sm_90" and re.search(r"HGMMA\.64x\d+x8\.F32\.TF32", text)
-        assert "LDGSTS" in text and "LDL" not in text and "STL" not in text
+        assert "LDL" not in text and "STL" not in text
+        # Streamed tiles by bulk copy (TMA) from the staging launch's TF32 tiles.
+        assert "UBLKCP.S.G" in text and "SYNCS.PHASECHK" in text
+        staging = cc.sass(cc.compile_only(cfg.staging, arch))
+        assert "LDL" not in staging and "STL" not in staging
         return
     if precision in ("fp32", "tf32"):
         assert "HMMA.1688.F32.TF32" in text  # m16n8k8 TF32, float32 accumulate

@@ -318,11 +318,12 @@ def test_tf32_takes_its_own_measured_tile_order_and_other_modes_keep_theirs():
     def problem(precision, d):
         return AttentionProblem("float32", d, d, False, 4, 16, 16, 4096, 4096, precision=(precision,))
 
-    assert _tile(plan_forward(problem("tf32", 96), spec)) == (128, 64, 8)  # before (128, 32, 4)
-    assert _tile(plan_forward(problem("tf32", 64), spec)) == (128, 64, 4)  # still first
+    a100 = named_device("a100")  # mma.sync's forward (the H100 takes the wgmma kernel)
+    assert _tile(plan_forward(problem("tf32", 96), a100)) == (128, 64, 8)  # before (128, 32, 4)
+    assert _tile(plan_forward(problem("tf32", 64), a100)) == (128, 64, 4)  # still first
     assert _tile(plan_backward(problem("tf32", 128), spec).dq) == (128, 32, 8)
-    # 3xTF32 measured apart (an A100: the H100 takes the wgmma kernel there)
-    assert _tile(plan_forward(problem("fp32", 64), named_device("a100"))) == (128, 32, 4)
+    # 3xTF32 measured apart
+    assert _tile(plan_forward(problem("fp32", 64), a100)) == (128, 32, 4)
     f16 = AttentionProblem("float16", 128, 128, False, 4, 16, 16, 4096, 4096)
     assert _tile(plan_backward(f16, spec).dq) == (64, 64, 4)
 
@@ -342,32 +343,48 @@ def test_3xtf32_register_caps_follow_the_architecture(device, on_tensor_cores, w
 
 
 def test_wgmma_forward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measured_faster():
-    from cupyattn.plan import FwdMmaConfig, FwdWgmmaConfig
+    from cupyattn.plan import WGMMA_FORWARD_MIN_KEYS, FwdMmaConfig, FwdWgmmaConfig
 
-    def cfg(precision, d, device="h200", dtype="float32"):
-        problem = AttentionProblem(dtype, d, d, False, 4, 16, 16, 4096, 4096,
+    def cfg(precision, d, device="h200", dtype="float32", causal=False, batch=4, seqlen=4096):
+        problem = AttentionProblem(dtype, d, d, causal, batch, 16, 16, seqlen, seqlen,
                                    precision=(precision,) if dtype == "float32" else ())
         return plan_forward(problem, named_device(device)).config
 
-    # plan._forward_families: wgmma first for "fp32" at head dims <= 64, "tf32" from 128.
-    assert _tile_of(cfg("fp32", 64)) == ("wgmma", (256, 32, 16))
-    assert _tile_of(cfg("tf32", 128)) == ("wgmma", (256, 32, 16))
-    assert _tile_of(cfg("tf32", 256)) == ("wgmma", (128, 16, 8))
-    assert _tile_of(cfg("fp32", 256)) == ("wgmma", (64, 16, 4))  # mma.sync spills there: before FFMA
-    assert isinstance(cfg("fp32", 128), FwdMmaConfig) and not isinstance(cfg("fp32", 128), FwdWgmmaConfig)
-    # Problems too small for the 12-16-warp tiles to fill the GPU take mma.sync's tiles, not
-    # wgmma's smaller ones (slower than mma.sync's at full size); "fp32" at 256 still wgmma.
-    for precision, d in (("tf32", 128), ("fp32", 64)):
-        small = AttentionProblem("float32", d, d, False, 1, 16, 16, 1024, 1024, precision=(precision,))
-        assert type(plan_forward(small, named_device("h200")).config) is FwdMmaConfig
-    small = AttentionProblem("float32", 256, 256, False, 1, 16, 16, 1024, 1024, precision=("fp32",))
-    assert isinstance(plan_forward(small, named_device("h200")).config, FwdWgmmaConfig)
-    assert not isinstance(cfg("tf32", 64), FwdWgmmaConfig)
+    # plan.FWD_WGMMA_FIRST: the fastest tile of each sweep, by mode, head dim and causality.
+    assert _tile_of(cfg("tf32", 64)) == ("wgmma", (128, 64, 8))
+    assert _tile_of(cfg("tf32", 128)) == ("wgmma", (192, 64, 12))
+    assert _tile_of(cfg("tf32", 256)) == ("wgmma", (64, 64, 4))
+    assert _tile_of(cfg("tf32", 256, causal=True)) == ("wgmma", (128, 32, 8))
+    assert _tile_of(cfg("fp32", 64)) == ("wgmma", (192, 64, 12))
+    assert _tile_of(cfg("fp32", 128)) == ("wgmma", (128, 32, 8))
+    assert _tile_of(cfg("fp32", 256)) == ("wgmma", (64, 16, 4))  # the only tile that fits
+    # Head dims between the measured ones take the next measured one's order.
+    assert _tile_of(cfg("tf32", 96)) == ("wgmma", (192, 64, 12))
+    # Fewer keys than WGMMA_FORWARD_MIN_KEYS a block (half the sequence when causal): mma.sync
+    # first, but "fp32" at head dim 256, where every mma.sync tile spills, still wgmma.
+    assert WGMMA_FORWARD_MIN_KEYS == 512
+    assert type(cfg("tf32", 128, seqlen=256)) is FwdMmaConfig
+    assert type(cfg("tf32", 128, seqlen=512)) is FwdWgmmaConfig
+    assert type(cfg("tf32", 128, seqlen=512, causal=True)) is FwdMmaConfig
+    assert type(cfg("tf32", 128, seqlen=1024, causal=True)) is FwdWgmmaConfig
+    assert type(cfg("fp32", 256, seqlen=256)) is FwdWgmmaConfig
+    # A problem too small for the large tiles to fill the GPU takes the first wgmma tile that does.
+    small = cfg("tf32", 128, batch=1, seqlen=1024)
+    assert type(small) is FwdWgmmaConfig and 1024 // small.block_m * 16 >= 132
     # Never off sm_90 (wgmma is sm_90a's), never for half-precision operands.
     for device in ("a100", "rtx4090", "b200", "rtx5090"):
         assert not isinstance(cfg("tf32", 128, device), FwdWgmmaConfig)
     assert not isinstance(cfg("bf16", 128), FwdWgmmaConfig)
     assert not isinstance(cfg(None, 128, dtype="float16"), FwdWgmmaConfig)
+
+
+def test_wgmma_forward_register_rule_keeps_out_the_tiles_that_spill():
+    from cupyattn.plan import FwdWgmmaConfig
+
+    assert FwdWgmmaConfig("float32", "fp32", 64, 256, 64, 16, False).register_reason((9, 0))
+    assert FwdWgmmaConfig("float32", "tf32", 176, 256, 32, 16, False).register_reason((9, 0))  # 288 bytes
+    assert not FwdWgmmaConfig("float32", "tf32", 144, 256, 32, 16, False).register_reason((9, 0))
+    assert not FwdWgmmaConfig("float32", "tf32", 256, 128, 32, 8, True).register_reason((9, 0))
 
 
 def _tile_of(cfg):
@@ -377,30 +394,38 @@ def _tile_of(cfg):
     return kind, (cfg.block_m, cfg.block_n, cfg.num_warps)
 
 
-def test_wgmma_forward_layout_holds_tf32_parts_and_raw_staging():
+def test_wgmma_forward_layout_holds_tf32_parts_and_staged_key_tiles():
     from cupyattn.compile import target_arch
-    from cupyattn.plan import FwdWgmmaConfig
+    from cupyattn.plan import SM90_SMEM_PER_BLOCK, FwdWgmmaConfig
 
     fp32 = FwdWgmmaConfig("float32", "fp32", 128, 128, 32, 8, False)
     tf32 = FwdWgmmaConfig("float32", "tf32", 128, 128, 32, 8, False)
     lay = fp32.layout
-    assert [b.name for b in lay] == ["q_tile", "k_tile", "vt_tile", "k_raw", "v_raw"]
-    assert lay["q_tile"].shape == (2, 128, 128) and lay["vt_tile"].shape == (2, 128, 32)
-    assert lay["k_raw"].shape == (32, 132) and "K-major" in lay["vt_tile"].note
-    assert tf32.layout["q_tile"].shape == (1, 128, 128)
-    assert fp32.layout.total == 4 * (2 * 128 * 128 + 2 * 2 * 32 * 128 + 2 * 32 * 132) == 230400
+    assert [b.name for b in lay] == ["q_tile", "kv_tiles", "barriers"]
+    assert lay["q_tile"].shape == (2, 128, 128) and "K-major" in lay["kv_tiles"].note
+    # Two stages of K and V^T (2 parts x 32 keys x 128) do not fit beside Q's 128 KiB: one.
+    assert fp32.stages == 1 and lay["kv_tiles"].shape == (1, 2, 2, 32, 128)
+    assert lay["barriers"].shape == (1, 2) and lay["barriers"].bytes == 16
+    assert fp32.layout.total == 4 * (2 * 128 * 128 + 2 * 2 * 32 * 128) + 16 == 196624
+    assert tf32.stages == 2 and tf32.layout["q_tile"].shape == (1, 128, 128)
+    assert tf32.layout.total == 4 * (128 * 128 + 2 * 2 * 32 * 128) + 32
+    two = FwdWgmmaConfig("float32", "fp32", 128, 128, 16, 8, False)  # 16-key tiles: two stages fit
+    assert two.stages == 2 and two.layout.total <= SM90_SMEM_PER_BLOCK
+    # The staging launch writes each key tile as one stage holds it.
+    assert fp32.staging.tile_bytes == lay["kv_tiles"].bytes
+    assert fp32.staging.workspace_bytes(4, 2, 33) == 4 * 2 * 2 * fp32.staging.tile_bytes  # 2 tiles of 32 keys
+    assert fp32.staging.name_expression == "cupyattn::stage_keys_tf32<cupyattn::MmaTf32<3>, 128, 32, false>"
     assert fp32.valid and not FwdWgmmaConfig("float32", "fp32", 128, 128, 32, 4, False).valid  # 64 rows a warpgroup
     assert not FwdWgmmaConfig("float32", "bf16", 128, 128, 32, 8, False).valid
     assert "attn_fwd_wgmma<float, cupyattn::MmaTf32<3>, 128, 128, 32, 8, false>" in fp32.name_expression
     assert target_arch(fp32, "sm_90") == "sm_90a" and target_arch(fp32, "sm_90a") == "sm_90a"
     assert FwdWgmmaConfig("float32", "fp32", 64, 256, 64, 16, False).register_reason((9, 0))
     plan = plan_forward(AttentionProblem("float32", 64, 64, False, 4, 16, 16, 4096, 4096), named_device("h200"))
-    assert "warpgroup MMA (wgmma, sm_90a)" in plan.describe() and "vt_tile" in plan.describe()
+    assert "warpgroup MMA (wgmma, sm_90a)" in plan.describe() and "kv_tiles" in plan.describe()
 
 
 def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measured_faster():
-    from cupyattn.plan import (BwdDkdvMmaConfig, BwdDkdvWgmmaConfig, BwdDqMmaConfig, BwdDqWgmmaConfig,
-                               WgmmaConfig)
+    from cupyattn.plan import BwdDkdvMmaConfig, BwdDqWgmmaConfig, WgmmaConfig
 
     def plans(precision, d, device="h200", dtype="float32", batch=4, seqlen=4096, causal=False):
         problem = AttentionProblem(dtype, d, d, causal, batch, 16, 16, seqlen, seqlen,
@@ -412,17 +437,16 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
         return [("wgmma" if isinstance(c, WgmmaConfig) else type(c).__name__, (c.block_m, c.block_n, c.num_warps))
                 for c in cfgs]
 
-    # plan._backward_families: both passes on wgmma at head dim 64 in both modes, dK/dV
-    # also at "tf32" 128, dQ at "tf32" 256; mma.sync where it measured faster.
-    assert tiles(plans("tf32", 64)) == [("wgmma", (32, 256, 16)), ("wgmma", (256, 32, 16))]
+    # plan._backward_families: wgmma first wherever its tiles compile without spills (dK/dV
+    # not above head dim 208: mma.sync at 256, and FFMA for "fp32", where every mma.sync tile spills).
+    assert tiles(plans("tf32", 64)) == [("wgmma", (32, 192, 12)), ("wgmma", (256, 32, 16))]
     assert tiles(plans("fp32", 64)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
-    dkdv, dq = plans("tf32", 128)
-    assert isinstance(dkdv, BwdDkdvWgmmaConfig) and type(dq) is BwdDqMmaConfig
+    assert tiles(plans("tf32", 128)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
+    assert tiles(plans("fp32", 128)) == [("wgmma", (16, 64, 4)), ("wgmma", (64, 16, 4))]
     dkdv, dq = plans("tf32", 256)
     assert type(dkdv) is BwdDkdvMmaConfig and isinstance(dq, BwdDqWgmmaConfig)
-    assert all(type(c) in (BwdDkdvMmaConfig, BwdDqMmaConfig) for c in plans("fp32", 128))
-    # A problem too small for the big tiles to fill the GPU takes mma.sync's, not 4-warp wgmma;
-    # so does one whose blocks stream fewer than WGMMA_BACKWARD_MIN_ROWS rows (half when causal).
+    assert not any(isinstance(c, MmaConfig) for c in plans("fp32", 256))
+    # Blocks that stream fewer than WGMMA_BACKWARD_MIN_ROWS rows (half when causal): mma.sync first.
     assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, batch=1, seqlen=512))
     assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=512))
     assert all(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=1024))
@@ -443,13 +467,19 @@ def test_wgmma_backward_layouts_and_register_rules():
     from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig
 
     dkdv = BwdDkdvWgmmaConfig("float32", "fp32", 64, 32, 128, 8, False)
-    assert [b.name for b in dkdv.layout] == ["k_tile", "v_tile", "q_tile", "do_tile", "qt_tile", "dot_tile",
-                                             "q_raw", "do_raw", "lse_tile", "delta_tile"]
-    assert dkdv.layout["k_tile"].shape == (2, 128, 64) and dkdv.layout["qt_tile"].shape == (2, 64, 32)
-    assert dkdv.layout.total == 4 * (2 * 2 * 128 * 64 + 4 * 2 * 32 * 64 + 2 * 32 * 68 + 2 * 32) == 214272
+    assert [b.name for b in dkdv.layout] == ["k_tile", "v_tile", "q_tiles", "barriers"]
+    assert dkdv.layout["k_tile"].shape == (2, 128, 64) and "Q^T" in dkdv.layout["q_tiles"].note
+    # A staged query tile (Q, dO, Q^T, dO^T in two parts, lse and delta): two stages do not fit.
+    assert dkdv.staging.tile_bytes == 4 * 2 * 32 * 64 * 4 + 2 * 32 * 4 == 65792
+    assert dkdv.stages == 1 and dkdv.layout["q_tiles"].bytes == dkdv.staging.tile_bytes
+    assert dkdv.layout.total == 4 * 2 * 2 * 128 * 64 + 65792 + 8 == 196872
+    assert dkdv.staging.name_expression == "cupyattn::stage_queries_tf32<cupyattn::MmaTf32<3>, 64, 32>"
     dq = BwdDqWgmmaConfig("float32", "tf32", 128, 128, 32, 8, True)
-    assert [b.name for b in dq.layout] == ["q_tile", "do_tile", "k_tile", "v_tile", "kt_tile", "k_raw", "v_raw"]
-    assert dq.layout["kt_tile"].shape == (1, 128, 32) and "dQ = dS K" in dq.layout["kt_tile"].note
+    assert [b.name for b in dq.layout] == ["q_tile", "do_tile", "kv_tiles", "barriers"]
+    assert dq.stages == 2 and dq.layout["kv_tiles"].shape == (2, 3, 1, 32, 128)
+    assert "dQ = dS K" in dq.layout["kv_tiles"].note and dq.layout["barriers"].shape == (2, 1)
+    assert dq.layout.total == 2 * 128 * 128 * 4 + 2 * 3 * 32 * 128 * 4 + 16 == 229392
+    assert dq.staging.name_expression == "cupyattn::stage_keys_tf32<cupyattn::MmaTf32<1>, 128, 32, true>"
     # 64 keys (dK/dV) or query rows (dQ) a warpgroup.
     assert dkdv.valid and not BwdDkdvWgmmaConfig("float32", "fp32", 64, 32, 64, 8, False).valid
     assert dq.valid and not BwdDqWgmmaConfig("float32", "tf32", 128, 64, 32, 8, True).valid
@@ -458,7 +488,10 @@ def test_wgmma_backward_layouts_and_register_rules():
     assert BwdDkdvWgmmaConfig("float32", "tf32", 224, 16, 64, 4, False).register_reason((9, 0))
     assert BwdDkdvWgmmaConfig("float32", "fp32", 32, 32, 256, 16, False).register_reason((9, 0))
     assert BwdDkdvWgmmaConfig("float32", "tf32", 80, 32, 256, 16, False).register_reason((9, 0))
-    assert BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 256, 16, False).register_reason((9, 0)) is None
+    assert BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 256, 16, False).register_reason((9, 0))  # 44 bytes
+    assert BwdDkdvWgmmaConfig("float32", "fp32", 64, 16, 192, 12, False).register_reason((9, 0))
+    assert BwdDkdvWgmmaConfig("float32", "tf32", 192, 32, 64, 4, False).register_reason((9, 0))
+    assert BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 192, 12, False).register_reason((9, 0)) is None
     assert BwdDqWgmmaConfig("float32", "fp32", 64, 64, 64, 4, False).register_reason((9, 0))
     assert BwdDqWgmmaConfig("float32", "fp32", 48, 192, 32, 12, False).register_reason((9, 0))
     assert BwdDqWgmmaConfig("float32", "tf32", 64, 256, 32, 16, False).register_reason((9, 0)) is None

@@ -112,6 +112,107 @@ def test_wgmma_forward_in_every_planned_tile(precision, D, causal, tile, monkeyp
         P.plan_forward.cache_clear()
 
 
+def _staged_tiles_model(tiles, precision, d_pad, rows, rowwise=()):
+    """NumPy model of the staging kernels' output (kernels/wgmma_staging.cuh). ``tiles``:
+    (array, transposed) pairs of (B, S, H, D) float32 arrays, in the order a staged tile
+    holds them; per (batch, head, tile of ``rows``): each one's TF32 parts, the row tile
+    in wgmma.cuh's core-matrix order (word ((c / 4) * (rows / 8) + r / 8) * 32 + (r % 8) * 4
+    + c % 4), the transposed one as rows d and slots (within 8 rows, row 2i at slot i and
+    row 2i + 1 at slot i + 4); then ``rowwise`` (B, H, S) arrays, ``rows`` values each;
+    zeros past the sequence and the head dim."""
+    from cupyattn.reference import round_to
+
+    B, S, H, D = tiles[0][0].shape
+    n_tiles = -(-S // rows)
+    parts = 2 if precision == "fp32" else 1
+    r, c = np.meshgrid(np.arange(rows), np.arange(d_pad), indexing="ij")
+    row_at = ((c // 4) * (rows // 8) + r // 8) * 32 + (r % 8) * 4 + c % 4  # row r, column c
+    slot = r // 8 * 8 + (r % 8) % 2 * 4 + (r % 8) // 2
+    transposed_at = ((slot // 4) * (d_pad // 8) + c // 8) * 32 + (c % 8) * 4 + slot % 4
+    words = len(tiles) * parts * rows * d_pad + len(rowwise) * rows
+    out = np.zeros((B, H, n_tiles, words), np.float32)
+    for i, (x, transposed) in enumerate(tiles):
+        padded = np.zeros((B, H, n_tiles * rows, d_pad), np.float32)
+        padded[:, :, :S, :D] = x.transpose(0, 2, 1, 3)
+        big = round_to(padded, "tf32")
+        for p, part in enumerate([big, padded - big][:parts]):
+            at = (i * parts + p) * rows * d_pad + (transposed_at if transposed else row_at)
+            for t in range(n_tiles):
+                out[:, :, t][..., at] = part[:, :, t * rows:(t + 1) * rows]
+    for i, x in enumerate(rowwise):
+        padded = np.zeros((B, H, n_tiles * rows), np.float32)
+        padded[:, :, :S] = x
+        start = len(tiles) * parts * rows * d_pad + i * rows
+        out[..., start:start + rows] = padded.reshape(B, H, n_tiles, rows)
+    return out.reshape(-1)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("operands", ["forward keys", "dq keys", "dkdv queries"])
+@pytest.mark.parametrize("D,rows", [(40, 16), (64, 64), (128, 32), (256, 16)])
+def test_staged_tiles_match_the_wgmma_kernels_shared_memory_layout(precision, operands, D, rows):
+    """The staging launches write every tile bit for bit as the wgmma kernel it feeds
+    holds one stage, from strided views (two operands interleaved in one array), with a
+    partial last tile and the head dim padded."""
+    import cupy
+
+    from cupyattn import api
+    from cupyattn.plan import StagingConfig, mma_head_dim_pad
+
+    spec = current_device()
+    if spec.compute_capability != (9, 0):
+        pytest.skip("compiled for sm_90a")
+    B, S, H = 2, 2 * rows + 5, 3
+    rng = np.random.default_rng(D + rows)
+    pair = rng.standard_normal((B, S, 2, H, D)).astype(np.float32)
+    lse, delta = (rng.standard_normal((B, H, S)).astype(np.float32) for _ in range(2))
+    a, b = pair[:, :, 0], pair[:, :, 1]
+    staging = StagingConfig(operands, precision, mma_head_dim_pad(D), rows)
+    on_gpu = cupy.asarray(pair)
+    if operands == "dkdv queries":
+        got = api.stage_tiles(staging, spec, on_gpu[:, :, 0], on_gpu[:, :, 1], cupy.asarray(lse), cupy.asarray(delta))
+        want = _staged_tiles_model([(a, False), (b, False), (a, True), (b, True)], precision, staging.head_dim_pad,
+                                   rows, rowwise=(lse * np.float32(1.4426950408889634), delta))  # LOG2E
+    else:
+        got = api.stage_tiles(staging, spec, on_gpu[:, :, 0], on_gpu[:, :, 1])
+        order = [(a, False), (b, True)] if operands == "forward keys" else [(a, False), (b, False), (a, True)]
+        want = _staged_tiles_model(order, precision, staging.head_dim_pad, rows)
+    got = got.get()
+    assert got.size * 4 == staging.workspace_bytes(B, H, S)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("tile", [(128, 64, 8), (64, 16, 4)])
+def test_wgmma_forward_keeps_nan_in_keys_no_row_sees_out_of_the_output(precision, tile, monkeypatch):
+    """Top-left causal with Sq < Sk: keys from Sq on are seen by no row. The staged key
+    tiles hold them (they are inside the sequence), so the block's last tile zeroes V
+    there; NaN in those keys must leave the output bit for bit as without them."""
+    import cupy
+
+    from cupyattn import plan as P
+
+    spec = current_device()
+    if spec.compute_capability != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU")
+    monkeypatch.setattr(P, "FWD_MMA_TILES", ())
+    monkeypatch.setattr(P, "FWD_WGMMA_TILES", (tile,))
+    P.plan_forward.cache_clear()
+    try:
+        rng = cupy.random.default_rng(5)
+        q, k, v = (testing.device_values((1, Sk, 2, 64), "float32", rng) for Sk in (70, 333, 333))
+        k[:, 70:] = np.nan
+        v[:, 70:] = np.inf
+        opts = dict(causal="top_left", precision=precision)
+        got = cupyattn.attention(q, k, v, **opts)
+        want = cupyattn.attention(q, k[:, :70].copy(), v[:, :70].copy(), **opts)
+        problem = AttentionProblem("float32", 64, 64, True, 1, 2, 2, 70, 333, precision=(precision,))
+        assert isinstance(plan_forward(problem, spec).config, P.FwdWgmmaConfig)
+        np.testing.assert_array_equal(got.get(), want.get())
+    finally:
+        P.plan_forward.cache_clear()
+
+
 WGMMA_BACKWARD_TILES = ([("dkdv", t) for t in BWD_DKDV_WGMMA_TILES] + [("dq", t) for t in BWD_DQ_WGMMA_TILES])
 
 
