@@ -174,11 +174,7 @@ attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, co
         bulk_copy_to_shared(q_tiles + stage * L::STAGE_BYTES, staged + tile * L::STAGE_BYTES, L::STAGE_BYTES,
                             &barriers[stage]);
     };
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < STAGES; ++i) mbarrier_init(&barriers[i], 1);
-        fence_mbarrier_init();
-    }
-    __syncthreads();  // barriers initialized before anyone waits on them
+    init_mbarriers<STAGES>(barriers);
     if (threadIdx.x == 0)
         for (int item = 0; item < STAGES && item < n_items; ++item) fetch(item);
 
@@ -293,11 +289,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
         bulk_copy_to_shared(kv_tiles + stage * L::STAGE_BYTES, staged + (long long)tile * L::STAGE_BYTES,
                             L::STAGE_BYTES, &barriers[stage]);
     };
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < STAGES; ++i) mbarrier_init(&barriers[i], 1);
-        fence_mbarrier_init();
-    }
-    __syncthreads();  // barriers initialized before anyone waits on them
+    init_mbarriers<STAGES>(barriers);
     if (threadIdx.x == 0)
         for (int tile = 0; tile < STAGES && tile < n_tiles; ++tile) fetch(tile);
 

@@ -123,11 +123,7 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
                             staged + (long long)tile * L::TILE_BYTES + which * L::K_BYTES, L::K_BYTES,
                             &barriers[2 * stage + which]);
     };
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < 2 * STAGES; ++i) mbarrier_init(&barriers[i], 1);
-        fence_mbarrier_init();
-    }
-    __syncthreads();  // barriers initialized before anyone waits on them
+    init_mbarriers<2 * STAGES>(barriers);
     if (threadIdx.x == 0)
         for (int tile = 0; tile < STAGES && tile < n_tiles; ++tile) {
             fetch(tile, 0);

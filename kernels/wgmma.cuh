@@ -58,6 +58,17 @@ __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned 
 // The barriers' initialization is visible to the asynchronous proxy (the copies).
 __device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
+// Thread 0 initializes N mbarriers of one arrival each (the thread that arms them);
+// the block waits until it has, before anyone copies or waits.
+template <int N>
+__device__ __forceinline__ void init_mbarriers(unsigned long long* bars) {
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < N; ++i) mbarrier_init(&bars[i], 1);
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+}
+
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src to shared
 // dst; the barrier's current phase completes when they have landed.
 __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes,
