@@ -846,6 +846,14 @@ class Plan:
             f"  precision: {self.precision_text}",
             self.layout.table(),
         ]
+        staging = getattr(self.config, "staging", None)
+        if staging is not None:
+            p = self.problem
+            queries = staging.operands == "dkdv queries"
+            heads, seqlen = (p.heads_q, p.seqlen_q) if queries else (p.heads_kv, p.seqlen_k)
+            lines.append(f"  staged first by {staging.name_expression}: "
+                         f"{staging.workspace_bytes(p.batch, heads, seqlen)} bytes of global memory "
+                         f"({staging.tiles(seqlen)} tiles of {staging.tile_bytes} bytes a head)")
         for r in self.rejected:
             lines.append(f"  rejected {r.name_expression}: {r.smem_bytes} bytes, "
                          f"{r.over_by} over the {r.limit}-byte limit")

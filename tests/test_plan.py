@@ -422,6 +422,10 @@ def test_wgmma_forward_layout_holds_tf32_parts_and_staged_key_tiles():
     assert FwdWgmmaConfig("float32", "fp32", 64, 256, 64, 16, False).register_reason((9, 0))
     plan = plan_forward(AttentionProblem("float32", 64, 64, False, 4, 16, 16, 4096, 4096), named_device("h200"))
     assert "warpgroup MMA (wgmma, sm_90a)" in plan.describe() and "kv_tiles" in plan.describe()
+    # The staging launch and the global memory it takes: 4 x 16 heads x 4096 keys of K and
+    # V in two TF32 parts ("fp32").
+    assert (f"staged first by {plan.config.staging.name_expression}: {4 * 16 * 4096 * 64 * 4 * 2 * 2} bytes"
+            in plan.describe())
 
 
 def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measured_faster():
