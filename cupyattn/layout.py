@@ -79,5 +79,10 @@ class LayoutBuilder:
         self._end = buf.end
         return self
 
+    @property
+    def end(self) -> int:
+        """Bytes taken by the buffers added so far."""
+        return self._end
+
     def build(self) -> Layout:
         return Layout(tuple(self._buffers))

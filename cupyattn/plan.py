@@ -358,8 +358,8 @@ class WgmmaConfig:
     TF32 tiles in wgmma's core-matrix order: the tiles a block keeps split by the kernel,
     the tiles it streams staged once per call by a ``staging`` launch and copied whole.
     Mixed in before the mma.sync config of the same pass, whose fields (template
-    parameters) it keeps; each subclass names RESIDENT_TILES / resident_rows (the tiles
-    a block keeps), BARRIERS (per stage) and ``staging``."""
+    parameters) it keeps; each subclass names ``staging`` and BARRIERS (per stage), and
+    lays out the tiles a block keeps before ``_staged_tiles``."""
 
     ARCH_SUFFIX: ClassVar[str] = "a"  # sm_90 -> sm_90a: the architecture-specific features
 
@@ -382,25 +382,29 @@ class WgmmaConfig:
         return (self.dtype == "float32" and self.precision in ("fp32", "tf32") and self.num_warps % 4 == 0
                 and owned == 16 * self.num_warps and streamed in (16, 32, 64) and self.head_dim_pad % 16 == 0)
 
+    @property
+    def _parts_text(self) -> str:
+        return "TF32 big and small parts (3xTF32)" if self.parts == 2 else "TF32"
+
     def _tf32_tile(self, builder: LayoutBuilder, name: str, shape: tuple, what: str = "") -> LayoutBuilder:
-        parts = "TF32 big and small parts (3xTF32)" if self.parts == 2 else "TF32"
-        note = f"{parts}, in 8-row x 16-byte core matrices (wgmma operands, no swizzle)"
+        note = f"{self._parts_text}, in 8-row x 16-byte core matrices (wgmma operands, no swizzle)"
         return builder.add(name, (self.parts, *shape), "float32", f"{what}; {note}" if what else note)
 
     @property
     def stages(self) -> int:
-        """Staged tiles in shared memory at once (kernels that stream a ``staging``'s
-        tiles): two where they fit in sm_90's shared memory, else one."""
-        fixed = self.RESIDENT_TILES * self.parts * self.resident_rows * self.head_dim_pad * 4
-        return 2 if fixed + 2 * (self.staging.tile_bytes + self.BARRIERS * 8) <= SM90_SMEM_PER_BLOCK else 1
+        """Staged tiles in shared memory at once: two where they fit in sm_90's shared
+        memory beside the tiles a block keeps, else one (``_staged_tiles``)."""
+        return self.layout["barriers"].shape[0]
 
     def _staged_tiles(self, builder: LayoutBuilder, name: str, what: str, shape: tuple) -> LayoutBuilder:
-        """``stages`` copies of one staged tile (``staging`` writes it), and the mbarriers
-        that count its bytes (BARRIERS per stage: the operands that land apart)."""
-        stages, staging = self.stages, self.staging
-        parts = "TF32 big and small parts (3xTF32)" if self.parts == 2 else "TF32"
+        """After the tiles a block keeps: one or two copies of the tile ``staging`` writes
+        (two where they fit; kernels/wgmma_staging.cuh, stages_that_fit), and the
+        mbarriers that count its bytes (BARRIERS per stage: the operands that land apart)."""
+        staging = self.staging
+        two = builder.end + 2 * (staging.tile_bytes + self.BARRIERS * 8) <= SM90_SMEM_PER_BLOCK
+        stages = 2 if two else 1
         builder = builder.add(name, (stages, *shape), "float32",
-                              f"{stages} stage{'s' if stages > 1 else ''} of {what}; {parts} in core-matrix "
+                              f"{stages} stage{'s' if two else ''} of {what}; {self._parts_text} in core-matrix "
                               f"order, copied whole (cp.async.bulk) from {staging.kernel_name}'s tiles")
         return builder.add("barriers", (stages, self.BARRIERS), "uint64", "mbarriers: a stage's copies have landed")
 
@@ -472,12 +476,7 @@ class FwdWgmmaConfig(WgmmaConfig, FwdMmaConfig):
     KERNEL: ClassVar[str] = "cupyattn::attn_fwd_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::FwdWgmmaLayout"
     HEADER: ClassVar[str] = "attn_fwd_wgmma.cuh"
-    RESIDENT_TILES: ClassVar[int] = 1  # Q
     BARRIERS: ClassVar[int] = 2  # K, then V^T: with one stage the next K comes in while P V runs
-
-    @property
-    def resident_rows(self) -> int:
-        return self.block_m
 
     @property
     def valid(self) -> bool:
@@ -612,12 +611,7 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dkdv_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::BwdDkdvWgmmaLayout"
     HEADER: ClassVar[str] = "attn_bwd_wgmma.cuh"
-    RESIDENT_TILES: ClassVar[int] = 2  # K, V
     BARRIERS: ClassVar[int] = 1
-
-    @property
-    def resident_rows(self) -> int:
-        return self.block_n
 
     @property
     def valid(self) -> bool:
@@ -666,12 +660,7 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dq_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::BwdDqWgmmaLayout"
     HEADER: ClassVar[str] = "attn_bwd_wgmma.cuh"
-    RESIDENT_TILES: ClassVar[int] = 2  # Q, dO
     BARRIERS: ClassVar[int] = 1
-
-    @property
-    def resident_rows(self) -> int:
-        return self.block_m
 
     @property
     def valid(self) -> bool:

@@ -57,7 +57,7 @@ struct BwdDkdvWgmmaLayout {
     static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4, TILE_M = PARTS * BLOCK_M * D_PAD * 4;
     // A staged query tile: Q, dO, Q^T, dO^T, then lse * log2(e) and delta per row (stage_queries_tf32).
     static constexpr int STAGE_BYTES = 4 * TILE_M + 2 * BLOCK_M * 4;
-    static constexpr int STAGES = 2 * TILE_N + 2 * STAGE_BYTES + 2 * 8 <= SM90_SMEM_PER_BLOCK ? 2 : 1;
+    static constexpr int STAGES = stages_that_fit(2 * TILE_N, STAGE_BYTES, 1);
     static constexpr int k_tile = 0;
     static constexpr int v_tile = k_tile + TILE_N;
     static constexpr int q_tiles = v_tile + TILE_N;
@@ -72,7 +72,7 @@ struct BwdDqWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
     static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4, TILE_M = PARTS * BLOCK_M * D_PAD * 4;
     static constexpr int STAGE_BYTES = 3 * TILE_N;  // a staged key tile: K, V, K^T (stage_keys_tf32)
-    static constexpr int STAGES = 2 * TILE_M + 2 * STAGE_BYTES + 2 * 8 <= SM90_SMEM_PER_BLOCK ? 2 : 1;
+    static constexpr int STAGES = stages_that_fit(2 * TILE_M, STAGE_BYTES, 1);
     static constexpr int q_tile = 0;
     static constexpr int do_tile = q_tile + TILE_M;
     static constexpr int kv_tiles = do_tile + TILE_M;

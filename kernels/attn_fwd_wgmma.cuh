@@ -53,7 +53,7 @@ struct FwdWgmmaLayout {
     static constexpr int Q_BYTES = PARTS * BLOCK_M * D_PAD * 4;
     static constexpr int K_BYTES = PARTS * BLOCK_N * D_PAD * 4;  // one operand of a staged key tile (K or V^T)
     static constexpr int TILE_BYTES = 2 * K_BYTES;
-    static constexpr int STAGES = Q_BYTES + 2 * TILE_BYTES + 2 * 16 <= SM90_SMEM_PER_BLOCK ? 2 : 1;
+    static constexpr int STAGES = stages_that_fit(Q_BYTES, TILE_BYTES, 2);  // barriers: K, V^T
     static constexpr int q_tile = 0;
     static constexpr int kv_tiles = Q_BYTES;
     static constexpr int barriers = kv_tiles + STAGES * TILE_BYTES;

@@ -3,7 +3,7 @@
 // memory exactly as that kernel's shared memory holds one pipeline stage, so that the
 // kernel copies it whole (cp.async.bulk) instead of every block splitting every tile
 // again (attn_fwd_wgmma.cuh says what that cost). Tiles of R rows: the row tile
-// (split_rows order) and, where a product reduces over the rows, the transposed tile
+// (split_rows_global order) and, where a product reduces over the rows, the transposed tile
 // (split_transposed order: slots permuted within 8 for a register A operand), TF32
 // parts PART words apart, zeros past the sequence and the head dim.
 //
@@ -21,6 +21,12 @@ namespace cupyattn {
 // Every sm_90 GPU's opt-in shared memory per block (plan.SM90_SMEM_PER_BLOCK): the
 // kernels fed by these tiles keep two stages where two fit.
 constexpr int SM90_SMEM_PER_BLOCK = 232448;
+
+// Pipeline stages of staged tiles (STAGE_BYTES each, with BARRIERS 8-byte mbarriers) beside
+// RESIDENT_BYTES of tiles a block keeps: two where they fit, else one (plan.WgmmaConfig._staged_tiles).
+__host__ __device__ constexpr int stages_that_fit(int resident_bytes, int stage_bytes, int barriers) {
+    return resident_bytes + 2 * (stage_bytes + barriers * 8) <= SM90_SMEM_PER_BLOCK ? 2 : 1;
+}
 constexpr int STAGING_THREADS = 128;
 constexpr int STAGING_PIECE = 16;  // rows per transposed piece: the transposed tile is 8-row groups in order
 
