@@ -71,7 +71,7 @@ def _check_case(dtype, shape, rng, spec, smem_limit, backward):
                             logit_bound=bound)
             for g, r, rp in zip(grads, ref, ref_p)]
     bp = plan_backward(problem, spec)
-    names = [bp.dkdv.config.name_expression, bp.dq.config.name_expression]
+    names = [p.config.name_expression for p in bp.plans]
     detail = "; ".join(f"{n}: {c}" for n, c in zip(("dq", "dk", "dv"), cmps))
     return all(c.ok for c in cmps), testing.median_ms(bwd), names, detail
 
@@ -148,7 +148,8 @@ def cmd_explain(args) -> int:
     result = explain(args.head_dim, args.dtype, backward=args.backward, device=spec,
                      smem_limit=args.smem_limit, causal=args.causal, head_dim_v=args.head_dim_v,
                      batch=args.batch, heads=args.heads, seqlen_q=args.seqlen,
-                     compile=not args.no_compile, precision=args.precision)
+                     compile=not args.no_compile, precision=args.precision,
+                     deterministic=not args.nondeterministic)
     if args.json:
         import json
 
@@ -224,6 +225,8 @@ def main(argv=None) -> int:
     exp.add_argument("--head-dim", type=int, default=128)
     exp.add_argument("--head-dim-v", type=int, default=None)
     exp.add_argument("--backward", action="store_true", help="the backward's dK/dV and dQ kernels")
+    exp.add_argument("--nondeterministic", action="store_true",
+                     help="the backward with deterministic=False (dQ may be fused into dK/dV, by atomics)")
     exp.add_argument("--causal", action="store_true")
     exp.add_argument("--batch", type=int, default=4)
     exp.add_argument("--heads", type=int, default=16)

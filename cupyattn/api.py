@@ -182,13 +182,13 @@ class _Call:
                       "v": (self.B, self.Sk, self.Hkv, self.Dv)}[which]
         return (B, H, S, D) if self.layout == "bhsd" else (B, S, H, D)
 
-    def problem(self, *others) -> AttentionProblem:
+    def problem(self, *others, deterministic: bool = True) -> AttentionProblem:
         """The planning problem; ``others`` (e.g. out) join q, k, v in the alignment check."""
         arrays = (self.qs, self.ks, self.vs) + tuple(self.bshd(x) for x in others)
         return AttentionProblem(self.dtype, self.D, self.Dv, self.causal_offset is not None,
                                 self.B, self.Hq, self.Hkv, self.Sq, self.Sk,
                                 aligned=all(_rows_16_byte_aligned(x) for x in arrays),
-                                precision=self.precision)
+                                precision=self.precision, deterministic=deterministic)
 
     def bshd(self, x):
         return _to_bshd(x, self.layout)
@@ -363,11 +363,14 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         dq, dk, dv: optional output arrays shaped like q, k, v (q's dtype, last
            dimension contiguous); left untouched if validation fails. With GQA,
            dk and dv are summed over the query heads of each group.
-        deterministic: results are bitwise identical run to run. This is the
-           default and currently the only algorithm: dQ comes from its own pass
-           (S and dP recomputed) instead of float32 atomics, and the GQA sum over
-           query heads happens inside one block, so no result depends on the
-           order in which blocks finish. ``False`` is accepted and gives the same.
+        deterministic: results are bitwise identical run to run (the default):
+           dQ comes from its own pass (S and dP recomputed) instead of float32
+           atomics, and the GQA sum over query heads happens inside one block, so
+           no result depends on the order in which blocks finish. ``False`` lets
+           the planner fuse dQ into the dK/dV pass, added with float32 atomics in
+           whatever order blocks finish (``plan.BwdFusedWgmmaConfig``: float32 in
+           "fp32" / "tf32" on sm_90, where it measured faster); elsewhere it gives
+           the deterministic algorithm.
 
     Algorithm (FlashAttention-2): delta = rowsum(dout * out); a dK/dV pass that
     keeps a key tile and loops over query heads and tiles; a dQ pass that keeps
@@ -397,7 +400,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
 
     with cupy.cuda.Device(call.device_id):
         spec = _device_for(call, smem_limit)
-        bplan = plan_backward(call.problem(dout), spec)
+        bplan = plan_backward(call.problem(dout, deterministic=deterministic), spec)
         dos, os_ = call.bshd(dout), call.bshd(out)
         dqs, dks, dvs = call.bshd(dq), call.bshd(dk), call.bshd(dv)
         rows = call.B * call.Hq * call.Sq
@@ -429,9 +432,15 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         cfg = bplan.dkdv.config
         ptrs, strides, staged = inputs(bplan.dkdv)
         num_n_tiles = -(-call.Sk // cfg.block_n)
+        fused = ()
+        if bplan.dq is None:  # dQ added by the dK/dV pass with atomics (deterministic=False)
+            _zero_fill(dqs)
+            fused = (_ptr(dqs), *_elem_strides(dqs))
         _launch(cfg, spec, num_n_tiles * call.B * call.Hkv, "k", (
             *ptrs, _ptr(dks), _ptr(dvs), *strides, *_elem_strides(dks), *_elem_strides(dvs),
-            *sizes, np.int32(num_n_tiles), *tail, *staged), bplan.dkdv.smem_bytes)
+            *sizes, np.int32(num_n_tiles), *tail, *staged, *fused), bplan.dkdv.smem_bytes)
+        if bplan.dq is None:
+            return dq, dk, dv
 
         cfg = bplan.dq.config
         ptrs, strides, staged = inputs(bplan.dq)

@@ -169,6 +169,8 @@ def _kernel_plans(problem: AttentionProblem, spec: DeviceSpec, backward: bool):
     if not backward:
         return [("forward", plan_forward(problem, spec))]
     b = plan_backward(problem, spec)
+    if b.dq is None:
+        return [("backward dK/dV/dQ (fused)", b.dkdv)]
     return [("backward dK/dV", b.dkdv), ("backward dQ", b.dq)]
 
 
@@ -176,18 +178,20 @@ def explain(head_dim: int = 128, dtype: str = "float16", *, backward: bool = Fal
             device: "str | DeviceSpec | None" = "current", smem_limit: int | None = None,
             causal: bool = False, head_dim_v: int | None = None, batch: int = 4, heads: int = 16,
             heads_kv: int | None = None, seqlen_q: int = 4096, seqlen_k: int | None = None,
-            compile: bool = True, precision=None) -> Explanation:
+            compile: bool = True, precision=None, deterministic: bool = True) -> Explanation:
     """Where the shared memory of a call's kernels goes, buffer by buffer.
 
     ``device`` is ``"current"``, a named GPU (``"rtx6000ada"``, ``"sm_89"``) or a
     DeviceSpec; ``compile=True`` compiles each kernel through NVRTC for that
     architecture (no GPU needed) and adds registers, spills, static shared memory
     and occupancy. ``precision``: as ``attention``'s (float32 inputs), e.g. "bf16" to
-    see the operands staged as bfloat16.
+    see the operands staged as bfloat16. ``deterministic``: as ``attention_backward``'s
+    (False may plan one fused dK/dV/dQ pass).
     """
     spec = resolve_device(device).with_smem_limit(smem_limit)
     problem = AttentionProblem(dtype, head_dim, head_dim_v or head_dim, bool(causal), batch, heads,
-                               heads_kv or heads, seqlen_q, seqlen_k or seqlen_q, precision=precision)
+                               heads_kv or heads, seqlen_q, seqlen_k or seqlen_q, precision=precision,
+                               deterministic=deterministic)
     kernels = []
     for role, plan in _kernel_plans(problem, spec, backward):
         report = compile_only(plan.config, spec.arch) if compile else None

@@ -80,6 +80,8 @@ class AttentionProblem:
     aligned: bool = True
     # Allowed precision modes, most preferred first (parse_precision); () = the dtype's own.
     precision: tuple[str, ...] = ()
+    # The backward must be bitwise reproducible (no float32 atomics: a dQ pass of its own).
+    deterministic: bool = True
 
     def __post_init__(self):
         if self.dtype not in CXX_TYPES:
@@ -653,6 +655,42 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class BwdFusedWgmmaConfig(BwdDkdvWgmmaConfig):
+    """``attn_bwd_fused_wgmma``: dK, dV and dQ in one pass (kernels/attn_bwd_wgmma.cuh), for
+    ``deterministic=False``: the dK/dV pass, in which each warpgroup also writes its dS to
+    shared memory and adds dQ^T = K^T dS^T over its 64 keys to dQ with float32 atomics, so
+    that no dQ pass recomputes S and dP. Keeps K^T beside K and V."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_bwd_fused_wgmma"
+    LAYOUT: ClassVar[str] = "cupyattn::BwdFusedWgmmaLayout"
+
+    @property
+    def valid(self) -> bool:  # dQ^T's wgmma rows: 64 head-dim rows each
+        return super().valid and self.head_dim_pad % 64 == 0
+
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
+    def layout(self) -> Layout:
+        d, m, n = self.head_dim_pad, self.block_m, self.block_n
+        b = self._tf32_tile(LayoutBuilder(), "k_tile", (n, d))
+        b = self._tf32_tile(b, "v_tile", (n, d))
+        b = self._tf32_tile(b, "kt_tile", (d, n), "K transposed: the A operand of dQ^T = K^T dS^T")
+        b = b.add("ds_tiles", (n // 64, self.parts, m, 64), "float32", "each warpgroup's dS (its 64 keys), the B "
+                  f"operand of dQ^T; {self._parts_text} in core-matrix order")
+        return self._staged_tiles(b, "q_tiles", "a query tile's Q, dO, Q^T and dO^T (transposed: the B "
+                                  "operands of dK = dS^T Q and dV = P^T dO), then lse * log2(e) and delta "
+                                  "per row", (4 * self.parts * m * d + 2 * m,)).build()
+
+    @property
+    def accumulators_per_lane(self) -> int:  # dK, dV (head_dim each), S^T and dP^T, dQ^T (block_m each)
+        return self.head_dim_pad + 3 * self.block_m // 2
+
+    def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
+        # Every listed tile that fits beside K^T, at head dims 64, 128 and 192, causal and
+        # not, compiled without spills (NVRTC 13.5, 110-251 registers; none fits at 256).
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
 class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
     """``attn_bwd_dq_wgmma``: dQ on warpgroup MMA (kernels/attn_bwd_wgmma.cuh); each
     warpgroup owns 64 query rows, K and V tiles of ``block_n`` keys stream."""
@@ -1005,7 +1043,12 @@ FWD_WGMMA_FIRST = {
 # (192,32,12) 9.30 < (128,16,8) 9.73 < (128,64,8) 10.08 < (64,32,4) 10.78 < (64,16,4)
 # 10.88 < (64,64,4) 16.78; D=128 (128,32,8) 22.54 < (128,16,8) 24.23 < (64,16,4) 27.33;
 # D=256 (64,16,4) 87.87 (alone); "fp32" D=64 (128,32,8) 21.95 < (128,16,8) 24.10 <
-# (64,16,4) 25.90; D=128 (64,16,4) 94.04 (alone).
+# (64,16,4) 25.90; D=128 (64,16,4) 94.04 (alone). With the streamed tiles staged (ninth
+# session, same sweep): dK/dV "tf32" D=64 (32,192,12) 6.88 < (64,128,8) 7.07 < (16,128,8)
+# 7.15; D=128 (32,128,8) 13.55 < (16,128,8) 14.48; "fp32" D=64 (32,128,8) 15.72 <
+# (16,128,8) 16.91; dQ "tf32" D=64 (128,32,8) 6.73 < (256,32,16) 6.88 < (192,32,12) 7.34;
+# D=128 (128,64,8) 13.68 ~ (128,32,8) 13.81 < (64,16,4) 14.51; "fp32" D=64 (128,32,8)
+# 15.63 < (64,16,4) 17.25; D=128 (64,32,4) 46.29 ~ (64,16,4) 46.46.
 BWD_DKDV_WGMMA_TILES = (
     (32, 256, 16),
     (32, 192, 12),
@@ -1019,8 +1062,8 @@ BWD_DKDV_WGMMA_TILES = (
     (64, 64, 4),
 )
 BWD_DQ_WGMMA_TILES = (
-    (256, 32, 16),
     (128, 32, 8),
+    (256, 32, 16),
     (256, 16, 16),
     (192, 32, 12),
     (128, 16, 8),
@@ -1029,6 +1072,27 @@ BWD_DQ_WGMMA_TILES = (
     (64, 32, 4),
     (64, 64, 4),
 )
+
+# Fused dK/dV/dQ (deterministic=False): dK/dV's tiles, with K^T and dS beside them.
+# Measured on the H200 (`tune_tiles.py --dtype float32 --precision tf32|fp32 --families
+# fused,dkdv_wgmma,dq_wgmma`, B=4, H=16, S=4096, not causal, whole backward ms; BENCHMARKS.md,
+# ninth session): "tf32" D=64 (32,192,12) 6.29 < (32,128,8) 6.73 < (64,128,8) 7.02 <
+# (16,192,12) 7.91 < (16,128,8) 8.63 < (16,64,4) 8.89 < (64,64,4) 9.63 < (32,64,4) 11.01,
+# against the two passes' best 6.73 (dK/dV (32,192,12), dQ (128,32,8)); D=128 (32,64,4)
+# 18.70 (only 4-warp tiles fit beside K^T) against 13.55; "fp32" D=64 (32,64,4) 18.23
+# against 15.63. Hence BWD_FUSED_WHERE_FASTER: one TF32 pass at head dim 64.
+BWD_FUSED_WGMMA_TILES = (
+    (32, 192, 12),
+    (32, 128, 8),
+    (64, 128, 8),
+    (16, 256, 16),
+    (16, 192, 12),
+    (16, 128, 8),
+    (16, 64, 4),
+    (64, 64, 4),
+    (32, 64, 4),
+)
+BWD_FUSED_WHERE_FASTER = {("tf32", 64)}  # (precision, padded head dim)
 
 
 # The wgmma backward pays from about this many streamed rows a block sees (queries for
@@ -1235,19 +1299,19 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
 
 @dataclasses.dataclass(frozen=True)
 class BackwardPlan:
-    """The backward's three launches, each planned on its own (never the forward's tiles)."""
+    """The backward's launches, each planned on its own (never the forward's tiles): delta,
+    dK/dV, dQ; or delta and one fused pass (``dq`` None: BwdFusedWgmmaConfig adds dQ)."""
 
     delta: BwdDeltaConfig
     dkdv: Plan
-    dq: Plan
+    dq: "Plan | None"
 
     @property
-    def plans(self) -> tuple[Plan, Plan]:
-        return (self.dkdv, self.dq)
+    def plans(self) -> tuple[Plan, ...]:
+        return (self.dkdv,) if self.dq is None else (self.dkdv, self.dq)
 
     def describe(self) -> str:
-        return "\n".join([f"{self.delta.name_expression} (no shared memory)",
-                          self.dkdv.describe(), self.dq.describe()])
+        return "\n".join([f"{self.delta.name_expression} (no shared memory)"] + [p.describe() for p in self.plans])
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1263,6 +1327,10 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan
                       else (problem.seqlen_q // 2, problem.seqlen_k // 2))
     dkdv_blocks = lambda cfg: (problem.batch * problem.heads_kv
                                * -(-max(1, problem.seqlen_k) // cfg.block_n))
+    if not problem.deterministic and seen_q >= WGMMA_BACKWARD_MIN_ROWS:
+        fused = _plan_fused(problem, device, max_m, max_n, dkdv_blocks)
+        if fused is not None:
+            return BackwardPlan(delta=BwdDeltaConfig(problem.dtype), dkdv=fused, dq=None)
     return BackwardPlan(
         delta=BwdDeltaConfig(problem.dtype),
         dkdv=_plan_pass("backward dK/dV", lambda precision: _backward_families("dkdv", precision, d_pad, seen_q),
@@ -1270,6 +1338,18 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan
         dq=_plan_pass("backward dQ", lambda precision: _backward_families("dq", precision, d_pad, seen_k),
                       dq_simt, problem, device, max_m, max_n, _query_tiles_blocks(problem)),
     )
+
+
+def _plan_fused(problem: AttentionProblem, device: DeviceSpec, max_m: int, max_n: int, num_blocks) -> "Plan | None":
+    """The fused dK/dV/dQ pass in the first allowed precision mode, if a tile of it fits
+    the device (none off sm_90 or outside the TF32 modes), else None."""
+    if (problem.precision[0], mma_head_dim_pad(problem.head_dim)) not in BWD_FUSED_WHERE_FASTER:
+        return None
+    found, skipped = _mma_candidates(BwdFusedWgmmaConfig, BWD_FUSED_WGMMA_TILES, problem, device, max_m, max_n,
+                                     problem.precision[0])
+    if not any(cfg.layout.total <= device.smem_per_block_optin for cfg in found):
+        return None
+    return _choose("backward dK/dV/dQ", found, problem, device, num_blocks, skipped)
 
 
 def planned_configs(device: DeviceSpec, head_dims, dtypes, causals=(True,), precisions=(None,)) -> dict:
@@ -1283,6 +1363,6 @@ def planned_configs(device: DeviceSpec, head_dims, dtypes, causals=(True,), prec
                 for precision in (precisions if dtype == "float32" else (None,)):
                     problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096, precision=precision)
                     bwd = plan_backward(problem, device)
-                    for cfg in (plan_forward(problem, device).config, bwd.delta, bwd.dkdv.config, bwd.dq.config):
+                    for cfg in (plan_forward(problem, device).config, bwd.delta, *(p.config for p in bwd.plans)):
                         configs[cfg.name_expression] = cfg
     return configs

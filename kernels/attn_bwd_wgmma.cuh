@@ -19,6 +19,11 @@
 // attn_bwd_dq_wgmma: a block owns BLOCK_M query rows, 64 per warpgroup; Q and dO stay
 //   in shared memory (split once); K and V tiles stream:
 //     S = Q K^T,  dP = dO V^T,  dS = P * (dP - delta),  dQ += dS K   (B = the K^T tile)
+// attn_bwd_fused_wgmma (deterministic=False): dK/dV's pass, which also adds dQ, so that
+//   no dQ pass recomputes S and dP: each warpgroup writes its dS to shared memory and
+//   adds, over its 64 keys,
+//     dQ^T = K^T dS^T    (A = K^T, transposed once from the K tile; B = the dS tile)
+//   to dq (zeroed first) with float32 atomics, in whatever order blocks get there.
 // 3xTF32 follows the forward's accuracy rule (each k-step of S, dP in a fresh
 // accumulator; at most 4 k-steps per fresh accumulator of dK, dV, dQ before a rounded
 // add); one TF32 pass accumulates on the tensor cores. Invisible entries (causal, past
@@ -34,7 +39,10 @@
 //                      [dO^T: ...], [lse * log2(e): BLOCK_M], [delta: BLOCK_M]   a query tile as
 //                      stage_queries_tf32 writes it (transposed: query slots permuted)
 //   barriers   [STAGES]                   mbarrier
-// and as plan.BwdDqWgmmaConfig.layout:
+// (plan.BwdFusedWgmmaConfig.layout: k_tile, v_tile, then
+//   kt_tile    [PARTS][D_PAD x BLOCK_N]   float  K^T, keys in natural order
+//   ds_tiles   [BLOCK_N / 64][PARTS][BLOCK_M x 64]  float  each warpgroup's dS, its keys as k
+//  then q_tiles and barriers as above) and as plan.BwdDqWgmmaConfig.layout:
 //   q_tile     [PARTS][BLOCK_M x D_PAD]   float
 //   do_tile    [PARTS][BLOCK_M x D_PAD]   float
 //   kv_tiles   [STAGES][K: PARTS][BLOCK_N x D_PAD], [V: PARTS][BLOCK_N x D_PAD],
@@ -65,6 +73,26 @@ struct BwdDkdvWgmmaLayout {
     static constexpr int total = barriers + STAGES * 8;
     static constexpr int num_buffers = 4;
     static constexpr int offsets[num_buffers] = {k_tile, v_tile, q_tiles, barriers};
+};
+
+// attn_bwd_fused_wgmma's: dK/dV's, with K^T (the A operand of dQ^T = K^T dS^T, keys in
+// natural order) and each warpgroup's dS (the B operand: its 64 keys as k) kept too.
+template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
+struct BwdFusedWgmmaLayout {
+    static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
+    static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4, TILE_M = PARTS * BLOCK_M * D_PAD * 4;
+    static constexpr int STAGE_BYTES = 4 * TILE_M + 2 * BLOCK_M * 4;
+    static constexpr int DS_TILE = PARTS * BLOCK_M * 64 * 4;  // one warpgroup's dS
+    static constexpr int k_tile = 0;
+    static constexpr int v_tile = k_tile + TILE_N;
+    static constexpr int kt_tile = v_tile + TILE_N;
+    static constexpr int ds_tiles = kt_tile + TILE_N;
+    static constexpr int q_tiles = ds_tiles + BLOCK_N / 64 * DS_TILE;
+    static constexpr int STAGES = stages_that_fit(q_tiles, STAGE_BYTES, 1);
+    static constexpr int barriers = q_tiles + STAGES * STAGE_BYTES;
+    static constexpr int total = barriers + STAGES * 8;
+    static constexpr int num_buffers = 6;
+    static constexpr int offsets[num_buffers] = {k_tile, v_tile, kt_tile, ds_tiles, q_tiles, barriers};
 };
 
 template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
@@ -105,23 +133,101 @@ __device__ __forceinline__ void store_wg_acc(float* dst, long long dst_stride, c
     }
 }
 
-template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
-attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                    const float* __restrict__ dout, const float* __restrict__ lse,
-                    const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
-                    long long q_sb, long long q_ss, long long q_sh,
-                    long long k_sb, long long k_ss, long long k_sh,
-                    long long v_sb, long long v_ss, long long v_sh,
-                    long long do_sb, long long do_ss, long long do_sh,
-                    long long dk_sb, long long dk_ss, long long dk_sh,
-                    long long dv_sb, long long dv_ss, long long dv_sh,
-                    int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
-                    int head_dim, int head_dim_v, int num_n_tiles,
-                    float scale, float scale_log2, int causal_offset, const float* __restrict__ q_staged) {
-    static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dkdv_mma does)");
+// A warp's dS (the m64nBLOCK_M accumulator rows of its 16 keys, from key_base of the
+// warpgroup's 64) into the warpgroup's dS tile: BLOCK_M query rows x 64 keys as k, the
+// B operand of dQ^T = K^T dS^T, TF32 parts BLOCK_M * 64 words apart.
+template <int PASSES, int BLOCK_M, int M_BLOCKS>
+__device__ __forceinline__ void store_ds_tile(float* ds, const float (&x)[M_BLOCKS][4], int key_base, int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < M_BLOCKS; ++j)
+#pragma unroll
+        for (int e4 = 0; e4 < 4; ++e4) {
+            Tf32Words<PASSES, 1> w;
+            w.set(0, x[j][e4]);
+            const int at = core_offset<BLOCK_M>(j * 8 + 2 * t + e4 % 2, key_base + g + (e4 / 2) * 8);
+            reinterpret_cast<unsigned*>(ds)[at] = w.big[0];
+            if constexpr (PASSES == 3) reinterpret_cast<unsigned*>(ds + BLOCK_M * 64)[at] = w.small[0];
+        }
+}
+
+// dQ^T = K^T dS^T over a warpgroup's 64 keys, 64 head-dim rows a wgmma (A = the K^T tile
+// from the warpgroup's first key, B = its dS tile): issued only (ISSUE_ONLY, one TF32
+// pass: the caller commits and waits), or done.
+template <int PASSES, int D_PAD, int BLOCK_M, int BLOCK_N, bool ISSUE_ONLY>
+__device__ __forceinline__ void dq_of_keys(float (&dqt)[D_PAD / 64][1][BLOCK_M / 8][4], unsigned kt_addr,
+                                           unsigned ds_addr) {
+#pragma unroll
+    for (int i = 0; i < D_PAD / 64; ++i)
+        rows_by_rows<PASSES, 1, BLOCK_M, 8, D_PAD, BLOCK_M, ISSUE_ONLY>(dqt[i], {kt_addr + i * 8 * 128},
+                                                                        BLOCK_N * D_PAD * 4, {ds_addr},
+                                                                        BLOCK_M * 64 * 4);
+}
+
+// dq_rows[row, :] (row stride ss) += scale * dQ from dQ^T accumulators, rows below
+// valid_rows and columns below valid_cols, with float32 atomics. The warpgroup's dS tile
+// (its products done, free until the next item) carries dQ, 64 columns at a time, from
+// the accumulator layout (a lane's columns 8 apart) to 4 consecutive columns a lane, so
+// that one red.v4 adds 16 bytes (scalar atomics where dq's rows are not 16-byte aligned).
+template <int D_PAD, int BLOCK_M>
+__device__ __forceinline__ void add_dq_rows(float* dq_rows, long long ss, const float (&dqt)[D_PAD / 64][1][BLOCK_M / 8][4],
+                                            float* ds, float scale, int valid_rows, int valid_cols, int wg, int lane) {
+    const int g = lane / 4, t = lane % 4, warp = threadIdx.x / 32 % 4;
+    // Row r's 4-column group c of a chunk at ds[r * 64 + 4 (c ^ r % 8)]: the XOR spreads a
+    // warp's stores (8 columns, 4 row pairs) over the banks.
+    auto at = [](int r, int col) { return r * 64 + 4 * ((col / 4) ^ (r % 8)) + col % 4; };
+    const bool vector = ((reinterpret_cast<unsigned long long>(dq_rows) | (unsigned long long)(ss * 4)) & 15) == 0;
+#pragma unroll
+    for (int i = 0; i < D_PAD / 64; ++i) {
+        if (i > 0) warpgroup_barrier(wg);  // the last chunk is read
+#pragma unroll
+        for (int j = 0; j < BLOCK_M / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                ds[at(j * 8 + 2 * t + e % 2, warp * 16 + g + (e / 2) * 8)] = scale * dqt[i][0][j][e];
+        warpgroup_barrier(wg);
+#pragma unroll
+        for (int n = threadIdx.x % 128; n < BLOCK_M * 16; n += 128) {
+            const int r = n / 16, col = i * 64 + n % 16 * 4;
+            if (r >= valid_rows || col >= valid_cols) continue;  // head dims are multiples of 8
+            const float4 x = *reinterpret_cast<const float4*>(ds + at(r, n % 16 * 4));
+            float* dst = dq_rows + r * ss + col;
+            if (vector) {
+                asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(x.x), "f"(x.y),
+                             "f"(x.z), "f"(x.w)
+                             : "memory");
+            } else {
+                atomicAdd(dst, x.x);
+                atomicAdd(dst + 1, x.y);
+                atomicAdd(dst + 2, x.z);
+                atomicAdd(dst + 3, x.w);
+            }
+        }
+    }
+}
+
+// Where a fused pass adds dQ (attn_bwd_fused_wgmma): float32 atomics into dq (zeroed
+// before the launch), at (batch, query head) rows.
+struct DqAtomics {
+    float* dq;
+    long long sb, ss, sh;
+};
+
+// The dK/dV pass (FUSED = false), or with dQ added as it goes (FUSED: each warpgroup
+// writes its dS to shared memory and adds dQ^T = K^T dS^T over its 64 keys to dq with
+// atomics, so the dQ pass and its recomputed S and dP are not needed).
+template <typename L, bool FUSED, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+__device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const float* __restrict__ v,
+                                           float* __restrict__ dk, float* __restrict__ dv,
+                                           long long k_sb, long long k_ss, long long k_sh,
+                                           long long v_sb, long long v_ss, long long v_sh,
+                                           long long dk_sb, long long dk_ss, long long dk_sh,
+                                           long long dv_sb, long long dv_ss, long long dv_sh,
+                                           int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
+                                           int head_dim, int head_dim_v, int num_n_tiles,
+                                           float scale, float scale_log2, int causal_offset,
+                                           const float* __restrict__ q_staged, DqAtomics dq) {
     constexpr int PASSES = Op::passes;
-    using L = BwdDkdvWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>;
     constexpr int THREADS = NUM_WARPS * 32;
     constexpr int K_STEPS = D_PAD / 8;     // k-steps of K Q^T and V dO^T
     constexpr int M_BLOCKS = BLOCK_M / 8;  // 8-query column blocks of S^T, the k-steps of dV and dK
@@ -131,6 +237,7 @@ attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, co
     static_assert(NUM_WARPS % 4 == 0 && BLOCK_N == 16 * NUM_WARPS, "each warpgroup owns 64 keys");
     static_assert(BLOCK_M == 16 || BLOCK_M == 32 || BLOCK_M == 64, "wgmma.cuh has n16, n32, n64");
     static_assert(D_PAD % 16 == 0 && M_BLOCKS % KG == 0, "tile shape");
+    static_assert(!FUSED || D_PAD % 64 == 0, "dQ^T = K^T dS^T: 64 head-dim rows a wgmma");
     constexpr int KV_PART = BLOCK_N * D_PAD, Q_PART = BLOCK_M * D_PAD;  // words per TF32 part
 
     constexpr int STAGES = L::STAGES;
@@ -174,9 +281,11 @@ attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, co
         bulk_copy_to_shared(q_tiles + stage * L::STAGE_BYTES, staged + tile * L::STAGE_BYTES, L::STAGE_BYTES,
                             &barriers[stage]);
     };
-    init_mbarriers<STAGES>(barriers);
+    init_mbarriers<STAGES>(barriers);  // (a block barrier: K's tile is written)
     if (threadIdx.x == 0)
         for (int item = 0; item < STAGES && item < n_items; ++item) fetch(item);
+    if constexpr (FUSED)
+        transpose_core_tile<L::PARTS, BLOCK_N, D_PAD, THREADS>(reinterpret_cast<float*>(smem + L::kt_tile), k_tile);
 
     float acc[2][CHUNKS][CN / 8][4];  // dV, dK
 #pragma unroll
@@ -186,11 +295,11 @@ attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, co
     const unsigned k_addr = wg_smem_addr(k_tile) + wg * 8 * 128;  // the warpgroup's 8 row groups
     const unsigned v_addr = wg_smem_addr(v_tile) + wg * 8 * 128;
     fence_proxy_async();
-    __syncthreads();  // K's and V's TF32 tiles written (and visible to wgmma)
+    __syncthreads();  // K's and V's TF32 tiles (and K^T) written (and visible to wgmma)
 
     for (int item = 0; item < n_items; ++item) {
         if (item > 0) {
-            __syncthreads();  // every warpgroup is done with the last item's stage
+            __syncthreads();  // every warpgroup is done with the last item's stage (and its dS)
             if (threadIdx.x == 0 && item - 1 + STAGES < n_items) fetch(item - 1 + STAGES);
         }
         const int m0 = m_begin + (item % m_tiles) * BLOCK_M;
@@ -226,13 +335,82 @@ attn_bwd_dkdv_wgmma(const float* __restrict__ q, const float* __restrict__ k, co
         Tf32Words<PASSES, 4> a[2][M_BLOCKS];  // P^T and dS^T as register A operands
         a_words(a[0], sdp[0]);
         a_words(a[1], sdp[1]);
-        regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(acc, a, {dot_addr, qt_addr}, Q_PART * 4);
+        if constexpr (!FUSED) {
+            regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(acc, a, {dot_addr, qt_addr}, Q_PART * 4);
+        } else {
+            float* ds = reinterpret_cast<float*>(smem + L::ds_tiles + wg * L::DS_TILE);
+            store_ds_tile<PASSES, BLOCK_M, M_BLOCKS>(ds, sdp[1], (warp % 4) * 16, lane);
+            fence_proxy_async();
+            warpgroup_barrier(wg);  // the warpgroup's dS is written (and visible to wgmma)
+            const unsigned kt_addr = wg_smem_addr(smem + L::kt_tile) + wg * 16 * (D_PAD / 8) * 128;
+            float dqt[D_PAD / 64][1][BLOCK_M / 8][4];
+            if constexpr (PASSES == 1) {  // dV, dK and dQ^T issued together, one wait
+                regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD, true>(acc, a, {dot_addr, qt_addr},
+                                                                                      Q_PART * 4);
+                dq_of_keys<PASSES, D_PAD, BLOCK_M, BLOCK_N, true>(dqt, kt_addr, wg_smem_addr(ds));
+                wgmma_commit();
+                wgmma_wait<0>();
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {
+#pragma unroll
+                    for (int kb = 0; kb < M_BLOCKS; ++kb) fence_operand(a[p][kb].big);
+#pragma unroll
+                    for (int c = 0; c < CHUNKS; ++c) fence_operand(acc[p][c]);
+                }
+#pragma unroll
+                for (int i = 0; i < D_PAD / 64; ++i) fence_operand(dqt[i][0]);
+            } else {
+                regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(acc, a, {dot_addr, qt_addr},
+                                                                                Q_PART * 4);
+                dq_of_keys<PASSES, D_PAD, BLOCK_M, BLOCK_N, false>(dqt, kt_addr, wg_smem_addr(ds));
+            }
+            const int h_q = h_kv * group + item / m_tiles;
+            add_dq_rows<D_PAD, BLOCK_M>(dq.dq + b * dq.sb + h_q * dq.sh + (long long)m0 * dq.ss, dq.ss, dqt, ds, scale,
+                                        seqlen_q - m0, head_dim, wg, lane);
+        }
     }
 
     const long long at_k = b * dk_sb + h_kv * dk_sh + key0 * dk_ss, at_v = b * dv_sb + h_kv * dv_sh + key0 * dv_ss;
     store_wg_acc<CHUNKS, CN>(dk + at_k, dk_ss, acc[1], scale, seqlen_k - key0, head_dim, lane);
     store_wg_acc<CHUNKS, CN>(dv + at_v, dv_ss, acc[0], 1.0f, seqlen_k - key0, head_dim_v, lane);
 }
+
+#define CUPYATTN_DKDV_WGMMA_PARAMS                                                                              \
+    const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,                     \
+        const float *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta,        \
+        float *__restrict__ dk, float *__restrict__ dv, long long q_sb, long long q_ss, long long q_sh,        \
+        long long k_sb, long long k_ss, long long k_sh, long long v_sb, long long v_ss, long long v_sh,        \
+        long long do_sb, long long do_ss, long long do_sh, long long dk_sb, long long dk_ss, long long dk_sh,  \
+        long long dv_sb, long long dv_ss, long long dv_sh, int n_heads_q, int n_heads_kv, int seqlen_q,        \
+        int seqlen_k, int head_dim, int head_dim_v, int num_n_tiles, float scale, float scale_log2,            \
+        int causal_offset, const float *__restrict__ q_staged
+#define CUPYATTN_DKDV_WGMMA_ARGS                                                                                \
+    k, v, dk, dv, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh, n_heads_q,     \
+        n_heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v, num_n_tiles, scale, scale_log2, causal_offset,   \
+        q_staged
+
+// q, dout, lse and delta stay in the launch signature every dK/dV kernel shares (Q, dO,
+// lse and delta come through q_staged).
+template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1) attn_bwd_dkdv_wgmma(CUPYATTN_DKDV_WGMMA_PARAMS) {
+    static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dkdv_mma does)");
+    dkdv_wgmma<BwdDkdvWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>, false, Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS,
+               CAUSAL>(CUPYATTN_DKDV_WGMMA_ARGS, DqAtomics{nullptr, 0, 0, 0});
+}
+
+// dK, dV and dQ in one pass (deterministic=False): dK/dV's launch, plus dq (zeroed
+// first) and its strides.
+template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+attn_bwd_fused_wgmma(CUPYATTN_DKDV_WGMMA_PARAMS, float* __restrict__ dq, long long dq_sb, long long dq_ss,
+                     long long dq_sh) {
+    static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dkdv_mma does)");
+    dkdv_wgmma<BwdFusedWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>, true, Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS,
+               CAUSAL>(CUPYATTN_DKDV_WGMMA_ARGS, DqAtomics{dq, dq_sb, dq_ss, dq_sh});
+}
+
+#undef CUPYATTN_DKDV_WGMMA_PARAMS
+#undef CUPYATTN_DKDV_WGMMA_ARGS
 
 template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
 __global__ void __launch_bounds__(NUM_WARPS * 32, 1)

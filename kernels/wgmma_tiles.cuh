@@ -10,6 +10,7 @@
 //   split_transposed   float32 rows staged in shared memory -> the transposed tile, R rows
 //                      becoming the k dimension in the order a register A operand takes them
 //   zero_transposed_rows  rows from some index on of a transposed tile, zeroed
+//   transpose_core_tile   a tile's transpose, words moved within shared memory
 //   rows_by_rows       d = A B^T, A 64 rows and B N rows of such tiles, in shared memory
 //   regs_by_transposed acc += A B, A in registers (from accumulators), B a transposed tile
 //
@@ -99,6 +100,19 @@ __device__ __forceinline__ void zero_transposed_rows(float* transposed, int from
     }
 }
 
+// The C x R transpose of an R x C core-matrix tile (PARTS parts, each R * C words):
+// element (r, c) of src lands at (c, r) of dst, rows in natural order. A permutation of
+// words, so TF32 parts stay exact.
+template <int PARTS, int R, int C, int THREADS>
+__device__ __forceinline__ void transpose_core_tile(float* dst, const float* src) {
+#pragma unroll 1
+    for (int i = threadIdx.x; i < PARTS * R * C; i += THREADS) {
+        const int w = i % (R * C), core = w / 32;
+        const int r = core % (R / 8) * 8 + w % 32 / 4, c = core / (R / 8) * 4 + w % 4;
+        dst[i - w + core_offset<C>(c, r)] = src[i];
+    }
+}
+
 template <int NB>
 __device__ __forceinline__ void zero_acc(float (&d)[NB][4]) {
 #pragma unroll
@@ -111,15 +125,18 @@ __device__ __forceinline__ void zero_acc(float (&d)[NB][4]) {
 // 64 rows at a_addr[p] of an A_ROWS-row tile, B_p an N-row tile at b_addr[p]; small parts
 // A_PART / B_PART bytes after the big ones. All products go out before the first wait,
 // so the tensor cores have NP chains to overlap.
+// ISSUE_ONLY (one TF32 pass only): the products are issued, not committed or waited
+// for, so that a caller issues more before one wait (and pins d itself, fence_operand).
 // The tensor cores truncate their float32 sums, so long chains of them bias results
 // toward zero (mma.cuh): 3xTF32 sums each k-step in a fresh accumulator and adds it to
 // d with a rounded add (two accumulators alternate, so the next k-step runs during the
 // add). One TF32 pass accumulates straight into d.
-template <int PASSES, int NP, int N, int K_STEPS, int A_ROWS, int B_ROWS>
+template <int PASSES, int NP, int N, int K_STEPS, int A_ROWS, int B_ROWS, bool ISSUE_ONLY = false>
 __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const unsigned (&a_addr)[NP], unsigned a_part,
                                              const unsigned (&b_addr)[NP], unsigned b_part) {
     using Wg = WgmmaTf32<N>;
     constexpr unsigned A_STEP = 2 * (A_ROWS / 8) * 128, B_STEP = 2 * (B_ROWS / 8) * 128;  // bytes per k-step
+    static_assert(!ISSUE_ONLY || PASSES == 1, "3xTF32 waits between its k-steps");
     if constexpr (PASSES == 3) {
 #pragma unroll
         for (int p = 0; p < NP; ++p) zero_acc(d[p]);
@@ -171,10 +188,12 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
                 else
                     Wg::template ss<true>(d[p], a, b);
             }
-        wgmma_commit();
-        wgmma_wait<0>();
+        if constexpr (!ISSUE_ONLY) {
+            wgmma_commit();
+            wgmma_wait<0>();
 #pragma unroll
-        for (int p = 0; p < NP; ++p) fence_operand(d[p]);
+            for (int p = 0; p < NP; ++p) fence_operand(d[p]);
+        }
     }
 }
 
@@ -194,13 +213,15 @@ __device__ __forceinline__ void a_words(Tf32Words<PASSES, 4> (&a)[NB], const flo
 // A_p from registers (K_BLOCKS k-steps of 8, a_words), B_p the transposed tile at
 // bt_addr[p] (D_PAD rows = the output columns, small part B_PART bytes on). 3xTF32 sums
 // at most KG k-steps (3 KG products) per fresh accumulator before its rounded add to acc
-// (scripts/tf32_error_model.py, wgmma column); one TF32 pass adds straight into acc.
-template <int PASSES, int NP, int CN, int CHUNKS, int K_BLOCKS, int KG, int D_PAD>
+// (scripts/tf32_error_model.py, wgmma column); one TF32 pass adds straight into acc
+// (ISSUE_ONLY as for rows_by_rows).
+template <int PASSES, int NP, int CN, int CHUNKS, int K_BLOCKS, int KG, int D_PAD, bool ISSUE_ONLY = false>
 __device__ __forceinline__ void regs_by_transposed(float (&acc)[NP][CHUNKS][CN / 8][4],
                                                    Tf32Words<PASSES, 4> (&a)[NP][K_BLOCKS],
                                                    const unsigned (&bt_addr)[NP], unsigned b_part) {
     using Wg = WgmmaTf32<CN>;
     static_assert(K_BLOCKS % KG == 0, "whole groups of k-steps");
+    static_assert(!ISSUE_ONLY || PASSES == 1, "3xTF32 waits between its groups of k-steps");
     // Core matrix (slot kb * 8 / 4, row c * CN / 8) of a transposed tile.
     auto b_at = [](unsigned bt, int kb, int c) { return bt + ((kb * 2) * (D_PAD / 8) + c * CN / 8) * 128; };
     if constexpr (PASSES == 3) {
@@ -248,14 +269,16 @@ __device__ __forceinline__ void regs_by_transposed(float (&acc)[NP][CHUNKS][CN /
 #pragma unroll
                 for (int kb = 0; kb < K_BLOCKS; ++kb)
                     Wg::template rs<true>(acc[p][c], a[p][kb].big, wgmma_desc<D_PAD>(b_at(bt_addr[p], kb, c)));
-        wgmma_commit();
-        wgmma_wait<0>();
+        if constexpr (!ISSUE_ONLY) {
+            wgmma_commit();
+            wgmma_wait<0>();
 #pragma unroll
-        for (int p = 0; p < NP; ++p) {
+            for (int p = 0; p < NP; ++p) {
 #pragma unroll
-            for (int kb = 0; kb < K_BLOCKS; ++kb) fence_operand(a[p][kb].big);
+                for (int kb = 0; kb < K_BLOCKS; ++kb) fence_operand(a[p][kb].big);
 #pragma unroll
-            for (int c = 0; c < CHUNKS; ++c) fence_operand(acc[p][c]);
+                for (int c = 0; c < CHUNKS; ++c) fence_operand(acc[p][c]);
+            }
         }
     }
 }

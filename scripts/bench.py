@@ -47,7 +47,7 @@ def _copies(nbytes):
     return max(1, min(8, -(-3 * L2_BYTES // max(1, nbytes))))
 
 
-def bench_cupyattn(B, H, S, D, dtype, causal, backward, precision=None):
+def bench_cupyattn(B, H, S, D, dtype, causal, backward, precision=None, deterministic=True):
     n = _copies(3 * B * S * H * D * 2)
     rng = cupy.random.default_rng(0)
     sets = [[device_values((B, S, H, D), dtype, rng) for _ in range(4)] for _ in range(n)]
@@ -65,7 +65,8 @@ def bench_cupyattn(B, H, S, D, dtype, causal, backward, precision=None):
             i = next(it) % n
             q, k, v, do = sets[i]
             out, lse = saved[i]
-            cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=precision)
+            cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=precision,
+                                        deterministic=deterministic)
     ms = median_ms(fn, repeats=REPEATS, warmup=WARMUP)
     hook = peak_allocation_hook()
     with hook:

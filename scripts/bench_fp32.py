@@ -9,7 +9,10 @@ backward); next to them the same for a float32 NumPy reference ("numpy f32") and
 for cupyattn's CUDA-core (FFMA) kernels, which GPUs without tensor cores run. Targets (issue 6, S = 4096): "fp32" >= 1.5x torch, "tf32" >= 3x.
 
     PYTHONPATH=. python scripts/bench_fp32.py [--dims 64,128,256] [--seqlens 1024,4096]
-        [--pass fwd,bwd] [--json FILE]
+        [--pass fwd,bwd] [--nondeterministic] [--json FILE]
+
+--nondeterministic times and checks the backward with deterministic=False (dQ added by
+float32 atomics where the planner fuses it into the dK/dV pass: plan.BwdFusedWgmmaConfig).
 """
 
 import argparse
@@ -50,7 +53,7 @@ def _cuda_cores_only():
         P.plan_backward.cache_clear()
 
 
-def errors(S, D, causal, backward, rng):
+def errors(S, D, causal, backward, rng, deterministic=True):
     """{mode: max abs error vs float64}, plus "numpy f32", for one random problem."""
     Bv, Hv = 1, (4 if backward else H)
     host = [testing.host_values((Bv, S, Hv, D), "float32", rng) for _ in range(4)]
@@ -75,8 +78,8 @@ def errors(S, D, causal, backward, rng):
         result["ffma"] = err([x.get() for x in got] if backward else got.get(), ref)
     for mode in PRECISIONS:
         out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, precision=mode)
-        got = cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=mode) if backward \
-            else out
+        got = cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=mode,
+                                          deterministic=deterministic) if backward else out
         result[mode] = err([x.get() for x in got] if backward else got.get(), ref)
     return result
 
@@ -86,8 +89,10 @@ def main():
     parser.add_argument("--dims", default="64,128,256")
     parser.add_argument("--seqlens", default="1024,4096")
     parser.add_argument("--pass", dest="passes", default="fwd,bwd")
+    parser.add_argument("--nondeterministic", action="store_true")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    deterministic = not args.nondeterministic
     ints = lambda s: tuple(int(x) for x in s.split(","))
     rng = np.random.default_rng(0)
     rows = []
@@ -97,15 +102,16 @@ def main():
             for S in ints(args.seqlens):
                 for causal in (False, True):
                     f = flops(B, H, S, D, causal, backward)
-                    row = {"pass": pass_, "D": D, "S": S, "causal": causal}
+                    row = {"pass": pass_, "D": D, "S": S, "causal": causal, "deterministic": deterministic}
                     tms, _ = bench_torch(B, H, S, D, "float32", causal, backward, "EFFICIENT_ATTENTION")
                     row["torch_ms"] = tms
                     for mode in PRECISIONS:
-                        ms, _ = bench_cupyattn(B, H, S, D, "float32", causal, backward, precision=mode)
+                        ms, _ = bench_cupyattn(B, H, S, D, "float32", causal, backward, precision=mode,
+                                               deterministic=deterministic)
                         row[f"{mode}_ms"] = ms
                         row[f"{mode}_tflops"] = f / ms / 1e9
                     if not backward or S <= 1024:
-                        row["errors"] = errors(S, D, causal, backward, rng)
+                        row["errors"] = errors(S, D, causal, backward, rng, deterministic)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     for pass_ in args.passes.split(","):

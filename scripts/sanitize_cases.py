@@ -81,31 +81,38 @@ def _wgmma_forward(rng) -> int:
 
 
 def _wgmma_backward(rng) -> int:
-    """The sm_90a wgmma backward (dK/dV and dQ) wherever a case can take one of its
-    kernels, mma.sync's tiles out of the way."""
+    """The sm_90a wgmma backward (dK/dV and dQ; and deterministic=False, the fused
+    dK/dV/dQ pass) wherever a case can take one of its kernels, mma.sync's tiles out of
+    the way and the fused pass allowed at any length."""
     from cupyattn import plan as P
     from cupyattn.device import current_device
 
     if current_device().compute_capability != (9, 0):
         return 0
-    saved = P.BWD_DKDV_MMA_TILES, P.BWD_DQ_MMA_TILES
+    saved = P.BWD_DKDV_MMA_TILES, P.BWD_DQ_MMA_TILES, P.WGMMA_BACKWARD_MIN_ROWS, P.BWD_FUSED_WHERE_FASTER
     P.BWD_DKDV_MMA_TILES = P.BWD_DQ_MMA_TILES = ()
+    P.WGMMA_BACKWARD_MIN_ROWS = 0
+    P.BWD_FUSED_WHERE_FASTER = {(m, d) for m in ("fp32", "tf32") for d in (64, 128, 192, 256)}
     P.plan_backward.cache_clear()
     n = 0
     try:
         for precision in ("fp32", "tf32"):
             for B, Sq, Sk, Hq, Hkv, D, causal in CASES + [(1, 70, 31, 1, 1, 256, False), (2, 100, 70, 4, 2, 64, True)]:
-                problem = P.AttentionProblem("float32", D, D, causal, B, Hq, Hkv, Sq, Sk, precision=precision)
-                bwd = P.plan_backward(problem, current_device())
-                if not any(isinstance(p.config, P.WgmmaConfig) for p in bwd.plans):
-                    continue
-                q, k, v, do = (testing.to_device(testing.host_values(shape, "float32", rng), "float32")
-                               for shape in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D)))
-                out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, precision=precision)
-                cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=precision)
-                n += 1
+                for deterministic in (True, False):
+                    problem = P.AttentionProblem("float32", D, D, causal, B, Hq, Hkv, Sq, Sk, precision=precision,
+                                                 deterministic=deterministic)
+                    bwd = P.plan_backward(problem, current_device())
+                    if not any(isinstance(p.config, P.WgmmaConfig) for p in bwd.plans) or (
+                            not deterministic and bwd.dq is not None):
+                        continue
+                    q, k, v, do = (testing.to_device(testing.host_values(shape, "float32", rng), "float32")
+                                   for shape in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D)))
+                    out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, precision=precision)
+                    cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=precision,
+                                                deterministic=deterministic)
+                    n += 1
     finally:
-        P.BWD_DKDV_MMA_TILES, P.BWD_DQ_MMA_TILES = saved
+        P.BWD_DKDV_MMA_TILES, P.BWD_DQ_MMA_TILES, P.WGMMA_BACKWARD_MIN_ROWS, P.BWD_FUSED_WHERE_FASTER = saved
         P.plan_backward.cache_clear()
     return n
 

@@ -6,6 +6,8 @@ under test (the other families keep their default choice) and the call is timed
 planner's preference lists in cupyattn/plan.py are written from it.
 
     PYTHONPATH=. python scripts/tune_tiles.py [--dtype float16] [--precision fp32] [--causal] [--json FILE]
+
+Families: forward, wgmma, dkdv, dkdv_wgmma, dq, dq_wgmma, fused (deterministic=False).
 """
 
 import argparse
@@ -29,6 +31,8 @@ FAMILIES = {  # name: (tile table attribute, config class, backward?, the other 
     "dkdv_wgmma": ("BWD_DKDV_WGMMA_TILES", P.BwdDkdvWgmmaConfig, True, "BWD_DKDV_MMA_TILES"),
     "dq": ("BWD_DQ_MMA_TILES", P.BwdDqMmaConfig, True, "BWD_DQ_WGMMA_TILES"),
     "dq_wgmma": ("BWD_DQ_WGMMA_TILES", P.BwdDqWgmmaConfig, True, "BWD_DQ_MMA_TILES"),
+    # dK, dV and dQ in one pass (deterministic=False; float32 fp32 / tf32 on sm_90)
+    "fused": ("BWD_FUSED_WGMMA_TILES", P.BwdFusedWgmmaConfig, True, None),
 }
 
 
@@ -51,6 +55,8 @@ def main():
     B, H, S = 4, 16, args.seqlen
     spec = current_device()
     originals = {attr: getattr(P, attr) for attr, *_ in FAMILIES.values()}  # every family's tiles
+    # The fused pass timed at every head dim, not only where it is planned.
+    P.BWD_FUSED_WHERE_FASTER = {(m, d) for m in P.PRECISIONS for d in range(16, 257, 16)}
     precision = P.parse_precision(args.precision, args.dtype)[0]
     opts = dict(causal=args.causal, precision=precision)
     rows = []
@@ -58,7 +64,8 @@ def main():
         attr, cls, backward, rival = FAMILIES[family]
         # The other kernel family of the same pass (plan._forward_families,
         # plan._backward_families) out of the way.
-        _restrict(rival, ())
+        if rival:
+            _restrict(rival, ())
         for D in (int(d) for d in args.dims.split(",")):
             rng = cupy.random.default_rng(1)
             q, k, v, do = (device_values((B, S, H, D), args.dtype, rng) for _ in range(4))
@@ -69,12 +76,15 @@ def main():
                 _restrict(attr, [tile])
                 try:
                     if backward:
+                        fused = family == "fused"
                         out, lse = cupyattn.attention(q, k, v, return_lse=True, **opts)
-                        ms = median_ms(lambda: cupyattn.attention_backward(do, q, k, v, out, lse, **opts),
+                        ms = median_ms(lambda: cupyattn.attention_backward(do, q, k, v, out, lse,
+                                                                           deterministic=not fused, **opts),
                                        repeats=10, warmup=2)
                         bplan = P.plan_backward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S,
-                                                                   precision=(precision,)), spec)
-                        chosen = (bplan.dkdv if family.startswith("dkdv") else bplan.dq).config
+                                                                   precision=(precision,), deterministic=not fused),
+                                                spec)
+                        chosen = (bplan.dq if family.startswith("dq") else bplan.dkdv).config
                     else:
                         ms = median_ms(lambda: cupyattn.attention(q, k, v, **opts), repeats=10, warmup=2)
                         chosen = P.plan_forward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S,
@@ -87,7 +97,8 @@ def main():
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             _restrict(attr, originals[attr])
-        _restrict(rival, originals[rival])
+        if rival:
+            _restrict(rival, originals[rival])
     print(f"\n{args.dtype} ({precision}) B={B} H={H} S={S} causal={args.causal}: whole-call ms "
           "(backward: delta + dK/dV + dQ), fastest first")
     for family in args.families.split(","):

@@ -36,14 +36,14 @@ def _poisoned_like(x, dtype):
 
 
 def run_backward_and_check(*, B, Sq, Sk, Hq, Hkv, D, Dv, dtype, causal, scale=None, layout="bshd",
-                           strided=False, smem_limit=None, seed=0, precision=None):
+                           strided=False, smem_limit=None, seed=0, precision=None, deterministic=True):
     (hq, hk, hv, hdo), (q, k, v, dout) = _inputs(B, Sq, Sk, Hq, Hkv, D, Dv, dtype, layout, strided, seed)
     out, lse = cupyattn.attention(q, k, v, causal=causal, scale=scale, layout=layout,
                                   return_lse=True, smem_limit=smem_limit, precision=precision)
     grads = [_poisoned_like(x, dtype) for x in (q, k, v)]
     got = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
                                       layout=layout, dq=grads[0], dk=grads[1], dv=grads[2],
-                                      smem_limit=smem_limit, precision=precision)
+                                      smem_limit=smem_limit, precision=precision, deterministic=deterministic)
     assert all(a is b for a, b in zip(got, grads))
     ref = attention_backward_reference(hdo, hq, hk, hv, causal=causal, scale=scale)
     operands, out_precision = operand_precision(dtype, precision)

@@ -13,7 +13,7 @@ import pytest
 from cupyattn import compile as cc
 from cupyattn.device import named_device
 from cupyattn.plan import (PRECISIONS, AttentionProblem, FwdSimtConfig, FwdWgmmaConfig, MmaConfig, WgmmaConfig,
-                           check_expression, plan_forward, planned_configs)
+                           check_expression, plan_backward, plan_forward, planned_configs)
 
 
 def _nvrtc_reason():
@@ -173,6 +173,32 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
     # cp.async where nothing is converted; staged float32 -> bfloat16 goes through registers
     assert ("LDGSTS" in text) == (precision != "bf16")
     assert "LDL" not in text and "STL" not in text  # nothing spilled to local memory
+
+
+FUSED_PLANNED = sorted({plan.config for precision in ("fp32", "tf32") for d in (64, 128) for causal in (False, True)
+                        for plan in [plan_backward(AttentionProblem("float32", d, d, causal, 4, 16, 16, 4096, 4096,
+                                                                    precision=(precision,), deterministic=False),
+                                                   named_device("h100")).dkdv]
+                        if plan.config.KERNEL == "cupyattn::attn_bwd_fused_wgmma"}, key=lambda c: c.name_expression)
+
+
+@pytest.mark.parametrize("config", FUSED_PLANNED, ids=[c.name_expression for c in FUSED_PLANNED])
+def test_fused_backward_as_planned_adds_dq_by_atomics_without_spills(config):
+    """deterministic=False on sm_90: the fused dK/dV/dQ pass as planned compiles clean,
+    with its dQ^T product on wgmma and float32 reductions (RED) into dq."""
+    report = cc.compile_only(config, "sm_90")
+    assert report.spills == 0 and report.stack_bytes == 0, report.log
+    try:
+        text = cc.sass(report)
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    assert re.search(r"HGMMA\.64x\d+x8\.F32\.TF32", text) and "UBLKCP.S.G" in text
+    assert re.search(r"REDG?\.E\.ADD\.F32", text)
+    assert "LDL" not in text and "STL" not in text
+
+
+def test_fused_backward_is_planned_where_it_measured_faster():
+    assert {(c.precision, c.head_dim_pad) for c in FUSED_PLANNED} == {("tf32", 64)}
 
 
 def test_first_callers_of_one_config_compile_once_per_device(monkeypatch):

@@ -96,6 +96,12 @@ def test_cli_caps_and_explain_on_named_devices():
     assert "float32 staged as bfloat16" in kernel["buffers"][0]["note"]
     res = _cli("explain", "--device", "gtx480")
     assert res.returncode != 0 and "unknown device name 'gtx480'" in res.stderr
+    # deterministic=False on an H100: one fused dK/dV/dQ pass, its K^T and dS tiles shown.
+    res = _cli("explain", "--head-dim", "64", "--dtype", "float32", "--precision", "tf32", "--backward",
+               "--nondeterministic", "--device", "h100", "--no-compile")
+    assert res.returncode == 0, res.stderr
+    assert "backward dK/dV/dQ (fused): cupyattn::attn_bwd_fused_wgmma" in res.stdout
+    assert "kt_tile" in res.stdout and "ds_tiles" in res.stdout and "backward dQ:" not in res.stdout
 
 
 def test_cli_without_gpu_says_so_in_one_line():

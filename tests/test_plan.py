@@ -443,7 +443,7 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
 
     # plan._backward_families: wgmma first wherever its tiles compile without spills (dK/dV
     # not above head dim 208: mma.sync at 256, and FFMA for "fp32", where every mma.sync tile spills).
-    assert tiles(plans("tf32", 64)) == [("wgmma", (32, 192, 12)), ("wgmma", (256, 32, 16))]
+    assert tiles(plans("tf32", 64)) == [("wgmma", (32, 192, 12)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("fp32", 64)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("tf32", 128)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("fp32", 128)) == [("wgmma", (16, 64, 4)), ("wgmma", (64, 16, 4))]
@@ -502,3 +502,45 @@ def test_wgmma_backward_layouts_and_register_rules():
     problem = AttentionProblem("float32", 64, 64, False, 4, 16, 16, 4096, 4096, precision=("tf32",))
     text = plan_backward(problem, named_device("h200")).describe()
     assert "attn_bwd_dkdv_wgmma" in text and "attn_bwd_dq_wgmma" in text and "warpgroup MMA" in text
+
+
+def test_fused_backward_is_planned_only_when_the_caller_gives_up_determinism_on_sm_90():
+    from cupyattn.plan import BwdFusedWgmmaConfig
+
+    def bwd(precision, d, deterministic=False, device="h200", seqlen=4096, causal=False):
+        problem = AttentionProblem("float32", d, d, causal, 4, 16, 16, seqlen, seqlen, precision=(precision,),
+                                   deterministic=deterministic)
+        return plan_backward(problem, named_device(device))
+
+    fused = bwd("tf32", 64)
+    assert fused.dq is None and isinstance(fused.dkdv.config, BwdFusedWgmmaConfig)
+    assert fused.plans == (fused.dkdv,) and "attn_bwd_fused_wgmma" in fused.describe()
+    assert bwd("tf32", 64, deterministic=True).dq is not None  # the default: its own dQ pass
+    # Only where it measured faster (BWD_FUSED_WHERE_FASTER): not where only 4-warp tiles
+    # fit beside K^T ("tf32" 128, "fp32" 64), nor where none fits ("fp32" 128, 256), off
+    # sm_90, or below the wgmma backward's rows.
+    for precision, d in (("tf32", 128), ("fp32", 64), ("fp32", 128), ("tf32", 256)):
+        assert bwd(precision, d).dq is not None
+    assert bwd("tf32", 64, device="a100").dq is not None and bwd("tf32", 64, device="h100").dq is None
+    assert bwd("tf32", 64, seqlen=512).dq is not None
+    assert bwd("tf32", 64, seqlen=2048, causal=True).dq is None
+    # Half-precision-staged modes and float16 inputs never take it.
+    assert bwd("bf16", 64).dq is not None
+    problem = AttentionProblem("float16", 64, 64, False, 4, 16, 16, 4096, 4096, deterministic=False)
+    assert plan_backward(problem, named_device("h200")).dq is not None
+
+
+def test_fused_backward_layout_keeps_k_transposed_and_each_warpgroups_ds():
+    from cupyattn.plan import BwdDkdvWgmmaConfig, BwdFusedWgmmaConfig
+
+    fused = BwdFusedWgmmaConfig("float32", "tf32", 64, 32, 128, 8, False)
+    assert [b.name for b in fused.layout] == ["k_tile", "v_tile", "kt_tile", "ds_tiles", "q_tiles", "barriers"]
+    assert fused.layout["kt_tile"].shape == (1, 64, 128) and fused.layout["ds_tiles"].shape == (2, 1, 32, 64)
+    assert fused.stages == 2 and fused.staging == BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 128, 8,
+                                                                      False).staging
+    assert fused.layout.total == 3 * 128 * 64 * 4 + 2 * 32 * 64 * 4 + 2 * (4 * 32 * 64 * 4 + 2 * 32 * 4) + 16
+    fp32 = BwdFusedWgmmaConfig("float32", "fp32", 64, 32, 64, 4, True)
+    assert fp32.stages == 1 and fp32.layout["ds_tiles"].shape == (1, 2, 32, 64)
+    # dQ^T = K^T dS^T takes 64 head-dim rows a wgmma.
+    assert fused.valid and not BwdFusedWgmmaConfig("float32", "tf32", 96, 32, 128, 8, False).valid
+    assert BwdDkdvWgmmaConfig("float32", "tf32", 96, 32, 128, 8, False).valid

@@ -20,7 +20,8 @@ from test_forward_gpu import run_and_check
 import cupyattn
 from cupyattn import testing
 from cupyattn.device import current_device
-from cupyattn.plan import (BWD_DKDV_WGMMA_TILES, BWD_DQ_WGMMA_TILES, FWD_WGMMA_TILES, PRECISIONS,
+from cupyattn.plan import (BWD_DKDV_WGMMA_TILES, BWD_DQ_WGMMA_TILES, BWD_FUSED_WGMMA_TILES, FWD_WGMMA_TILES,
+                           PRECISIONS,
                            AttentionProblem, MmaConfig, plan_backward, plan_forward)
 from cupyattn.reference import attention_backward_reference, attention_reference
 
@@ -271,6 +272,63 @@ def test_wgmma_backward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal
             pytest.skip("no wgmma backward tile fits here (shared memory or registers)")
         run_backward_and_check(B=B, Sq=Sq, Sk=Sk, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
                                precision=precision, seed=D + Sq + 11)
+    finally:
+        P.plan_backward.cache_clear()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True, "top_left"])
+@pytest.mark.parametrize("tile", BWD_FUSED_WGMMA_TILES, ids=[f"{m}x{n}x{w}" for m, n, w in BWD_FUSED_WGMMA_TILES])
+def test_fused_backward_in_every_listed_tile(precision, D, causal, tile, monkeypatch):
+    """deterministic=False: dK, dV and dQ from one pass (dQ by float32 atomics) in each
+    listed tile that fits and compiles without spills, on a GQA problem of several query and
+    key tiles, the last of each partial; dq poisoned before (the pass zeroes it)."""
+    from cupyattn import plan as P
+
+    spec = current_device()
+    if spec.compute_capability != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU")
+    cfg = P.BwdFusedWgmmaConfig("float32", precision, D, *tile, bool(causal))
+    if cfg.layout.total > spec.smem_per_block_optin or cfg.register_reason(spec.compute_capability):
+        pytest.skip(f"{cfg.name_expression} is not planned on this GPU (shared memory or registers)")
+    monkeypatch.setattr(P, "BWD_FUSED_WGMMA_TILES", (tile,))
+    monkeypatch.setattr(P, "BWD_FUSED_WHERE_FASTER", {(precision, D)})
+    monkeypatch.setattr(P, "WGMMA_BACKWARD_MIN_ROWS", 0)
+    P.plan_backward.cache_clear()
+    try:
+        problem = AttentionProblem("float32", D, D, causal, 1, 4, 2, 300, 333, precision=(precision,),
+                                   deterministic=False)
+        bwd = plan_backward(problem, spec)
+        assert bwd.dq is None and bwd.dkdv.config == cfg
+        run_backward_and_check(B=1, Sq=300, Sk=333, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
+                               precision=precision, seed=D + sum(tile), deterministic=False)
+    finally:
+        P.plan_backward.cache_clear()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("D", [64, 128, 192])
+@pytest.mark.parametrize("B,Sq,Sk", [(1, 1, 33), (1, 33, 1), (2, 63, 130), (1, 257, 1000)])
+@pytest.mark.parametrize("causal", [False, True, "top_left"])
+def test_fused_backward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal, monkeypatch):
+    """The fused pass wherever it fits (not only where it is planned): one query or one
+    key, partial and several tiles, GQA, every causal alignment."""
+    from cupyattn import plan as P
+
+    spec = current_device()
+    if spec.compute_capability != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU")
+    monkeypatch.setattr(P, "BWD_FUSED_WHERE_FASTER", {(precision, D)})
+    monkeypatch.setattr(P, "WGMMA_BACKWARD_MIN_ROWS", 0)
+    P.plan_backward.cache_clear()
+    try:
+        problem = AttentionProblem("float32", D, D, causal, B, 4, 2, Sq, Sk, precision=(precision,),
+                                   deterministic=False)
+        if plan_backward(problem, spec).dq is not None:
+            pytest.skip("no fused tile fits here (shared memory or registers)")
+        run_backward_and_check(B=B, Sq=Sq, Sk=Sk, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
+                               precision=precision, seed=D + Sq + 13, deterministic=False)
     finally:
         P.plan_backward.cache_clear()
 
