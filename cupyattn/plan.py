@@ -621,12 +621,15 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
-        d, m, n = self.head_dim_pad, self.block_m, self.block_n
-        b = self._tf32_tile(LayoutBuilder(), "k_tile", (n, d))
-        b = self._tf32_tile(b, "v_tile", (n, d))
-        return self._staged_tiles(b, "q_tiles", "a query tile's Q, dO, Q^T and dO^T (transposed: the B "
-                                  "operands of dK = dS^T Q and dV = P^T dO), then lse * log2(e) and delta "
-                                  "per row", (4 * self.parts * m * d + 2 * m,)).build()
+        d, m = self.head_dim_pad, self.block_m
+        return self._staged_tiles(self._kept_tiles(), "q_tiles", "a query tile's Q, dO, Q^T and dO^T "
+                                  "(transposed: the B operands of dK = dS^T Q and dV = P^T dO), then "
+                                  "lse * log2(e) and delta per row", (4 * self.parts * m * d + 2 * m,)).build()
+
+    def _kept_tiles(self) -> LayoutBuilder:
+        """The tiles a block keeps, before the staged query tiles."""
+        b = self._tf32_tile(LayoutBuilder(), "k_tile", (self.block_n, self.head_dim_pad))
+        return self._tf32_tile(b, "v_tile", (self.block_n, self.head_dim_pad))
 
     @property
     def staging(self) -> StagingConfig:
@@ -668,17 +671,11 @@ class BwdFusedWgmmaConfig(BwdDkdvWgmmaConfig):
     def valid(self) -> bool:  # dQ^T's wgmma rows: 64 head-dim rows each
         return super().valid and self.head_dim_pad % 64 == 0
 
-    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
-    def layout(self) -> Layout:
+    def _kept_tiles(self) -> LayoutBuilder:  # dK/dV's K and V, then K^T and the dS tiles
         d, m, n = self.head_dim_pad, self.block_m, self.block_n
-        b = self._tf32_tile(LayoutBuilder(), "k_tile", (n, d))
-        b = self._tf32_tile(b, "v_tile", (n, d))
-        b = self._tf32_tile(b, "kt_tile", (d, n), "K transposed: the A operand of dQ^T = K^T dS^T")
-        b = b.add("ds_tiles", (n // 64, self.parts, m, 64), "float32", "each warpgroup's dS (its 64 keys), the B "
-                  f"operand of dQ^T; {self._parts_text} in core-matrix order")
-        return self._staged_tiles(b, "q_tiles", "a query tile's Q, dO, Q^T and dO^T (transposed: the B "
-                                  "operands of dK = dS^T Q and dV = P^T dO), then lse * log2(e) and delta "
-                                  "per row", (4 * self.parts * m * d + 2 * m,)).build()
+        b = self._tf32_tile(super()._kept_tiles(), "kt_tile", (d, n), "K transposed: the A operand of dQ^T = K^T dS^T")
+        return b.add("ds_tiles", (n // 64, self.parts, m, 64), "float32", "each warpgroup's dS (its 64 keys), the B "
+                     f"operand of dQ^T; {self._parts_text} in core-matrix order")
 
     @property
     def accumulators_per_lane(self) -> int:  # dK, dV (head_dim each), S^T and dP^T, dQ^T (block_m each)
