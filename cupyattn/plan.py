@@ -1346,7 +1346,11 @@ def _plan_fused(problem: AttentionProblem, device: DeviceSpec, max_m: int, max_n
                                      problem.precision[0])
     if not any(cfg.layout.total <= device.smem_per_block_optin for cfg in found):
         return None
-    return _choose("backward dK/dV/dQ", found, problem, device, num_blocks, skipped)
+    plan = _choose("backward dK/dV/dQ", found, problem, device, num_blocks, skipped)
+    why = (f"{plan.reason}; one pass for dK, dV and dQ (deterministic=False; dQ added to dq with float32 "
+           f"atomics, not bitwise reproducible), measured faster than two passes for "
+           f"{problem.precision[0]!r} at this head dim (plan.BWD_FUSED_WHERE_FASTER)")
+    return dataclasses.replace(plan, reason=why)
 
 
 def planned_configs(device: DeviceSpec, head_dims, dtypes, causals=(True,), precisions=(None,)) -> dict:

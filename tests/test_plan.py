@@ -515,6 +515,7 @@ def test_fused_backward_is_planned_only_when_the_caller_gives_up_determinism_on_
     fused = bwd("tf32", 64)
     assert fused.dq is None and isinstance(fused.dkdv.config, BwdFusedWgmmaConfig)
     assert fused.plans == (fused.dkdv,) and "attn_bwd_fused_wgmma" in fused.describe()
+    assert "float32 atomics, not bitwise reproducible" in fused.dkdv.reason
     assert bwd("tf32", 64, deterministic=True).dq is not None  # the default: its own dQ pass
     # Only where it measured faster (BWD_FUSED_WHERE_FASTER): not where only 4-warp tiles
     # fit beside K^T ("tf32" 128, "fp32" 64), nor where none fits ("fp32" 128, 256), off
