@@ -79,9 +79,9 @@ struct BwdDkdvWgmmaLayout {
 // natural order) and each warpgroup's dS (the B operand: its 64 keys as k) kept too.
 template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
 struct BwdFusedWgmmaLayout {
-    static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
-    static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4, TILE_M = PARTS * BLOCK_M * D_PAD * 4;
-    static constexpr int STAGE_BYTES = 4 * TILE_M + 2 * BLOCK_M * 4;
+    using Dkdv = BwdDkdvWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>;  // its tiles and staged query tile
+    static constexpr int PARTS = Dkdv::PARTS, TILE_N = Dkdv::TILE_N, TILE_M = Dkdv::TILE_M;
+    static constexpr int STAGE_BYTES = Dkdv::STAGE_BYTES;
     static constexpr int DS_TILE = PARTS * BLOCK_M * 64 * 4;  // one warpgroup's dS
     static constexpr int k_tile = 0;
     static constexpr int v_tile = k_tile + TILE_N;
