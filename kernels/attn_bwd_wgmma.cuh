@@ -257,9 +257,13 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     const int wg_key0 = n0 + wg * 64;            // this warpgroup's first key
     const int key0 = wg_key0 + (warp % 4) * 16;  // this warp's
 
-    // K and V, once, from global memory (zeros past the last key).
+    // K and V, once, from global memory (zeros past the last key). The fused pass loads
+    // K as zeros from the first key no query sees (causal) on too: its K^T multiplies dS,
+    // which is 0 there, and NaN or inf in such a key must not reach dQ through 0 * NaN
+    // (S^T and dP^T select; dK and dV of such a key are 0 either way).
+    const int k_rows = FUSED && CAUSAL ? min(seqlen_k, max(0, seqlen_q + causal_offset)) : seqlen_k;
     split_rows_global<PASSES, BLOCK_N, D_PAD, THREADS>(k_tile, KV_PART, k + b * k_sb + h_kv * k_sh + n0 * k_ss,
-                                                       k_ss, seqlen_k - n0, head_dim);
+                                                       k_ss, k_rows - n0, head_dim);
     split_rows_global<PASSES, BLOCK_N, D_PAD, THREADS>(v_tile, KV_PART, v + b * v_sb + h_kv * v_sh + n0 * v_ss,
                                                        v_ss, seqlen_k - n0, head_dim_v);
 

@@ -255,3 +255,42 @@ def test_arrays_over_2_31_elements():
             cmp = testing.compare(testing.to_host(g[:, :, h:h + 1]), r, rp, dtype, S, factor=3.0,
                                   logit_bound=bound)
             assert cmp.ok, f"head {h} {name}: {cmp}"
+
+
+def test_fused_backward_keeps_nan_in_keys_no_query_may_see_out_of_dq(monkeypatch):
+    """deterministic=False on sm_90 (the fused dK/dV/dQ pass, whose dQ^T = K^T dS^T
+    multiplies every key of a block by dS, 0 where unseen): top_left causal with Sk > Sq,
+    NaN keys and inf/NaN values from Sq on leave dk, dv bitwise and dq (float32 atomics,
+    order free) finite and equal to within rounding to the run with clean ones."""
+    import cupy
+
+    from cupyattn import plan as P
+    from cupyattn.device import current_device
+
+    if current_device().compute_capability != (9, 0):
+        pytest.skip("the fused pass runs on sm_90")
+    monkeypatch.setattr(P, "WGMMA_BACKWARD_MIN_ROWS", 0)
+    P.plan_backward.cache_clear()
+    try:
+        B, Sq, Sk, H, D = 2, 70, 200, 3, 64
+        problem = P.AttentionProblem("float32", D, D, True, B, H, H, Sq, Sk, precision=("tf32",),
+                                     deterministic=False)
+        assert P.plan_backward(problem, current_device()).dq is None
+        _, (q, k, v, dout) = _inputs([(B, Sq, H, D), (B, Sk, H, D), (B, Sk, H, D), (B, Sq, H, D)], "float32", 9)
+
+        def grads(k, v):
+            out, lse = cupyattn.attention(q, k, v, causal="top_left", return_lse=True, precision="tf32")
+            return cupyattn.attention_backward(dout, q, k, v, out, lse, causal="top_left", precision="tf32",
+                                               deterministic=False)
+
+        clean = grads(k, v)
+        k2, v2 = k.copy(), v.copy()
+        testing.poison(k2[:, Sq:])
+        testing.poison(v2[:, Sq::2])
+        v2[:, Sq + 1::2].view(cupy.uint32).fill(0x7F800000)
+        dq, dk, dv = grads(k2, v2)
+        _assert_bitwise_equal([_bits(dk), _bits(dv)], [_bits(clean[1]), _bits(clean[2])], names=("dk", "dv"))
+        assert bool(cupy.isfinite(dq).all()), "NaN or inf in keys no query sees reached dq"
+        np.testing.assert_allclose(dq.get(), clean[0].get(), rtol=1e-5, atol=1e-6)
+    finally:
+        P.plan_backward.cache_clear()
