@@ -337,14 +337,16 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
         qs, ks, vs = _operands_for(plan, (call.qs, call.ks, call.vs))
         num_m_tiles = -(-call.Sq // cfg.block_m)
         staging = getattr(cfg, "staging", None)  # K and V split into TF32 tiles once, for every query block
-        staged = (_ptr(stage_tiles(staging, spec, ks, vs)),) if staging is not None else ()
+        # The staged array stays referenced until its kernel is launched: freed earlier,
+        # its memory could be unmapped (no pool) or handed out again before the launch.
+        staged = (stage_tiles(staging, spec, ks, vs),) if staging is not None else ()
         _launch(cfg, spec, num_m_tiles * call.B * call.Hq, "q", (
             _ptr(qs), _ptr(ks), _ptr(vs), _ptr(os_), _ptr(lse),
             *_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs),
             *_elem_strides(os_),
             np.int32(call.Hq), np.int32(call.Hkv), np.int32(call.Sq), np.int32(call.Sk),
             np.int32(call.D), np.int32(call.Dv), np.int32(num_m_tiles),
-            np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0), *staged,
+            np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0), *map(_ptr, staged),
         ), plan.smem_bytes)
     return result
 
@@ -416,7 +418,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         operands = {}  # the inputs as each pass reads them (_operands_for), rounded once at most
 
         def inputs(plan):
-            """Pointers, strides and (wgmma kernels) the staged tiles of one pass's launch."""
+            """Pointers, strides and (wgmma kernels) the staged tiles of one pass's launch; the
+            staged arrays themselves, which the caller holds until the launch."""
             key = isinstance(plan.config, MmaConfig)
             if key not in operands:
                 operands[key] = _operands_for(plan, (call.qs, call.ks, call.vs, dos))
@@ -424,8 +427,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
             staging = getattr(plan.config, "staging", None)
             staged = ()
             if staging is not None:  # the streamed tiles split into TF32 parts once, for every block
-                staged = (_ptr(stage_tiles(staging, spec, qs, do_, lse, delta) if staging.operands == "dkdv queries"
-                               else stage_tiles(staging, spec, ks, vs)),)
+                staged = (stage_tiles(staging, spec, qs, do_, lse, delta) if staging.operands == "dkdv queries"
+                          else stage_tiles(staging, spec, ks, vs),)
             return ((_ptr(qs), _ptr(ks), _ptr(vs), _ptr(do_), _ptr(lse), _ptr(delta)),
                     (*_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs), *_elem_strides(do_)), staged)
 
@@ -438,7 +441,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
             fused = (_ptr(dqs), *_elem_strides(dqs))
         _launch(cfg, spec, num_n_tiles * call.B * call.Hkv, "k", (
             *ptrs, _ptr(dks), _ptr(dvs), *strides, *_elem_strides(dks), *_elem_strides(dvs),
-            *sizes, np.int32(num_n_tiles), *tail, *staged, *fused), bplan.dkdv.smem_bytes)
+            *sizes, np.int32(num_n_tiles), *tail, *map(_ptr, staged), *fused), bplan.dkdv.smem_bytes)
         if bplan.dq is None:
             return dq, dk, dv
 
@@ -447,5 +450,5 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         num_m_tiles = -(-call.Sq // cfg.block_m)
         _launch(cfg, spec, num_m_tiles * call.B * call.Hq, "q", (
             *ptrs, _ptr(dqs), *strides, *_elem_strides(dqs),
-            *sizes, np.int32(num_m_tiles), *tail, *staged), bplan.dq.smem_bytes)
+            *sizes, np.int32(num_m_tiles), *tail, *map(_ptr, staged)), bplan.dq.smem_bytes)
     return dq, dk, dv

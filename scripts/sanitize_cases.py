@@ -37,6 +37,7 @@ def main():
         for B, Sq, Sk, Hq, Hkv, D, causal in CASES:
             q, k, v, do = (testing.to_device(testing.host_values(shape, dtype, rng), dtype) for shape in
                            ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D)))
+            _case(dtype, precision, (B, Sq, Sk, Hq, Hkv, D, causal))
             out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, precision=precision)
             cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=precision)
             # A strided view (SIMT path) of the same data.
@@ -49,6 +50,13 @@ def main():
     cupy.cuda.Device().synchronize()
     print(f"sanitize cases: {n} shapes x (forward, backward, strided forward) ran, "
           f"{n_wgmma} wgmma forwards, {n_wgmma_bwd} wgmma backwards")
+
+
+def _case(kind, precision, shape):
+    """Name the case about to run, after the previous one has finished: a fault then
+    shows up under the name of the case that caused it."""
+    cupy.cuda.Device().synchronize()
+    print(f"case: {kind} precision={precision} (B, Sq, Sk, Hq, Hkv, D, causal)={shape}", flush=True)
 
 
 def _wgmma_forward(rng) -> int:
@@ -72,6 +80,7 @@ def _wgmma_forward(rng) -> int:
                            ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D)))
                 problem = P.AttentionProblem("float32", D, D, causal, B, Hq, Hkv, Sq, Sk, precision=precision)
                 assert isinstance(P.plan_forward(problem, current_device()).config, P.FwdWgmmaConfig)
+                _case("wgmma forward", precision, (B, Sq, Sk, Hq, Hkv, D, causal))
                 cupyattn.attention(q, k, v, causal=causal, precision=precision)
                 n += 1
     finally:
@@ -107,6 +116,8 @@ def _wgmma_backward(rng) -> int:
                         continue
                     q, k, v, do = (testing.to_device(testing.host_values(shape, "float32", rng), "float32")
                                    for shape in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D)))
+                    _case("wgmma backward" + ("" if deterministic else ", fused"), precision,
+                          (B, Sq, Sk, Hq, Hkv, D, causal))
                     out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, precision=precision)
                     cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=precision,
                                                 deterministic=deterministic)

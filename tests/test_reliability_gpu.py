@@ -294,3 +294,55 @@ def test_fused_backward_keeps_nan_in_keys_no_query_may_see_out_of_dq(monkeypatch
         np.testing.assert_allclose(dq.get(), clean[0].get(), rtol=1e-5, atol=1e-6)
     finally:
         P.plan_backward.cache_clear()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_staged_tiles_stay_alive_until_their_kernel_is_launched(monkeypatch, precision):
+    """The wgmma kernels read TF32 tiles a staging launch wrote to a workspace array; that
+    array must still be referenced when the kernel reading it is launched. Freed before
+    (as once: only its raw pointer was kept), its memory could be unmapped (no memory
+    pool: the dK/dV pass then faulted, scripts/sanitize_cases.py) or handed to another
+    allocation before the kernel ran."""
+    import weakref
+
+    from cupyattn import api
+    from cupyattn import plan as P
+    from cupyattn.device import current_device
+
+    if current_device().compute_capability != (9, 0):
+        pytest.skip("tiles are staged for sm_90's wgmma kernels")
+    for tiles in ("FWD_MMA_TILES", "BWD_DKDV_MMA_TILES", "BWD_DQ_MMA_TILES"):  # wgmma's tiles at a small size
+        monkeypatch.setattr(P, tiles, ())
+    monkeypatch.setattr(P, "WGMMA_BACKWARD_MIN_ROWS", 0)
+    monkeypatch.setattr(P, "BWD_FUSED_WHERE_FASTER", {(precision, 64)})
+    staged, checked = [], []
+    stage_tiles, launch = api.stage_tiles, api._launch
+
+    def recording_stage_tiles(*args, **kwargs):
+        tiles = stage_tiles(*args, **kwargs)
+        staged.append(weakref.ref(tiles))
+        return tiles
+
+    def checking_launch(config, *args, **kwargs):
+        if not isinstance(config, P.StagingConfig) and staged:
+            assert all(ref() is not None for ref in staged), f"{config}: its staged tiles were freed before launch"
+            checked.append(config)
+            staged.clear()
+        return launch(config, *args, **kwargs)
+
+    monkeypatch.setattr(api, "stage_tiles", recording_stage_tiles)
+    monkeypatch.setattr(api, "_launch", checking_launch)
+    P.plan_forward.cache_clear()
+    P.plan_backward.cache_clear()
+    try:
+        B, S, H, D = 1, 130, 2, 64
+        _, (q, k, v, dout) = _inputs([(B, S, H, D)] * 4, "float32", 11)
+        out, lse = cupyattn.attention(q, k, v, return_lse=True, precision=precision)
+        for deterministic in (True, False):
+            cupyattn.attention_backward(dout, q, k, v, out, lse, precision=precision, deterministic=deterministic)
+    finally:
+        P.plan_forward.cache_clear()
+        P.plan_backward.cache_clear()
+    # forward, dK/dV, dQ, fused: each reads tiles staged for it
+    assert [type(c).__name__ for c in checked] == ["FwdWgmmaConfig", "BwdDkdvWgmmaConfig", "BwdDqWgmmaConfig",
+                                                   "BwdFusedWgmmaConfig"], checked
