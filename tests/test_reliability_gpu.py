@@ -346,3 +346,22 @@ def test_staged_tiles_stay_alive_until_their_kernel_is_launched(monkeypatch, pre
     # forward, dK/dV, dQ, fused: each reads tiles staged for it
     assert [type(c).__name__ for c in checked] == ["FwdWgmmaConfig", "BwdDkdvWgmmaConfig", "BwdDqWgmmaConfig",
                                                    "BwdFusedWgmmaConfig"], checked
+
+
+def test_reduced_suite_runs_without_a_memory_pool():
+    """scripts/sanitize_cases.py (every kernel family, odd shapes, GQA, each precision mode)
+    with CuPy's memory pool off, in its own process: an access to memory freed too early
+    (or past an allocation) faults there instead of landing in pooled memory, as it
+    would in the rest of this suite. This run found the staged tiles freed before their
+    launch, which memcheck did not report (docs/sanitizer.md)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "sanitize_cases.py"
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=dict(os.environ))
+    lines = res.stdout.strip().splitlines()
+    assert res.returncode == 0 and lines and lines[-1].startswith("sanitize cases:"), (
+        f"exit {res.returncode}; last case started: "
+        f"{next((l for l in reversed(lines) if l.startswith('case:')), None)}\n{res.stderr[-2000:]}")
