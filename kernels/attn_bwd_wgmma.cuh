@@ -354,13 +354,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
                 dq_of_keys<PASSES, D_PAD, BLOCK_M, BLOCK_N, true>(dqt, kt_addr, wg_smem_addr(ds));
                 wgmma_commit();
                 wgmma_wait<0>();
-#pragma unroll
-                for (int p = 0; p < 2; ++p) {
-#pragma unroll
-                    for (int kb = 0; kb < M_BLOCKS; ++kb) fence_operand(a[p][kb].big);
-#pragma unroll
-                    for (int c = 0; c < CHUNKS; ++c) fence_operand(acc[p][c]);
-                }
+                fence_transposed_operands(acc, a);
 #pragma unroll
                 for (int i = 0; i < D_PAD / 64; ++i) fence_operand(dqt[i][0]);
             } else {

@@ -209,12 +209,26 @@ __device__ __forceinline__ void a_words(Tf32Words<PASSES, 4> (&a)[NB], const flo
     }
 }
 
+// After the wait for one TF32 pass of regs_by_transposed's products: its register
+// operands and accumulators pinned, so that no use moves above the wait.
+template <int PASSES, int NP, int CHUNKS, int J, int K_BLOCKS>
+__device__ __forceinline__ void fence_transposed_operands(float (&acc)[NP][CHUNKS][J][4],
+                                                          Tf32Words<PASSES, 4> (&a)[NP][K_BLOCKS]) {
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+#pragma unroll
+        for (int kb = 0; kb < K_BLOCKS; ++kb) fence_operand(a[p][kb].big);
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) fence_operand(acc[p][c]);
+    }
+}
+
 // acc[p][c] (CHUNKS chunks of CN columns) += A_p B_p for NP products, issued together:
 // A_p from registers (K_BLOCKS k-steps of 8, a_words), B_p the transposed tile at
 // bt_addr[p] (D_PAD rows = the output columns, small part B_PART bytes on). 3xTF32 sums
 // at most KG k-steps (3 KG products) per fresh accumulator before its rounded add to acc
 // (scripts/tf32_error_model.py, wgmma column); one TF32 pass adds straight into acc
-// (ISSUE_ONLY as for rows_by_rows).
+// (ISSUE_ONLY as for rows_by_rows; the caller then pins with fence_transposed_operands).
 template <int PASSES, int NP, int CN, int CHUNKS, int K_BLOCKS, int KG, int D_PAD, bool ISSUE_ONLY = false>
 __device__ __forceinline__ void regs_by_transposed(float (&acc)[NP][CHUNKS][CN / 8][4],
                                                    Tf32Words<PASSES, 4> (&a)[NP][K_BLOCKS],
@@ -272,13 +286,7 @@ __device__ __forceinline__ void regs_by_transposed(float (&acc)[NP][CHUNKS][CN /
         if constexpr (!ISSUE_ONLY) {
             wgmma_commit();
             wgmma_wait<0>();
-#pragma unroll
-            for (int p = 0; p < NP; ++p) {
-#pragma unroll
-                for (int kb = 0; kb < K_BLOCKS; ++kb) fence_operand(a[p][kb].big);
-#pragma unroll
-                for (int c = 0; c < CHUNKS; ++c) fence_operand(acc[p][c]);
-            }
+            fence_transposed_operands(acc, a);
         }
     }
 }
