@@ -608,7 +608,10 @@ class BwdDqMmaConfig(MmaConfig):
 @dataclasses.dataclass(frozen=True)
 class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
     """``attn_bwd_dkdv_wgmma``: dK and dV on warpgroup MMA (kernels/attn_bwd_wgmma.cuh);
-    each warpgroup owns 64 keys, Q and dO tiles of ``block_m`` rows stream."""
+    each warpgroup owns 64 keys, Q and dO tiles of ``block_m`` rows stream. Where
+    ``num_warps * 16`` is twice ``block_n`` (``d_split`` = 2), two warpgroups share their
+    64 keys, each with half of dK's and dV's columns (and S^T, dP^T computed by both): at
+    head dims whose accumulators one warpgroup's registers do not hold."""
 
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dkdv_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::BwdDkdvWgmmaLayout"
@@ -617,7 +620,8 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
 
     @property
     def valid(self) -> bool:
-        return self._valid_tile(owned=self.block_n, streamed=self.block_m)
+        return (self._valid_tile(owned=self.block_n * self.d_split, streamed=self.block_m) and self.d_split in (1, 2)
+                and self.block_n % 64 == 0 and self.head_dim_pad % (16 * self.d_split) == 0)
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
@@ -636,16 +640,16 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         return StagingConfig("dkdv queries", self.precision, self.head_dim_pad, self.block_m)
 
     @property
-    def accumulators_per_lane(self) -> int:  # dK, dV (head_dim each), S^T and dP^T (block_m each)
-        return self.head_dim_pad + self.block_m
+    def accumulators_per_lane(self) -> int:  # dK, dV (head_dim / d_split each), S^T and dP^T (block_m each)
+        return self.head_dim_pad // self.d_split + self.block_m
 
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
         # Every listed tile at head dims 16-256 through ptxas (NVRTC 13.5, causal and not;
         # the staged kernel, 542 dK/dV and dQ tiles that fit): these rules catch every one
         # that spills (and 21 clean dK/dV tiles with them, 20 at head dims 16-112).
         # tests/test_compile.py compiles the planned ones.
-        if self.head_dim_pad > 208:
-            return "dK and dV (head_dim / 2 accumulators a lane each) spill above head dim 208"
+        if self.head_dim_pad // self.d_split > 208:
+            return "dK and dV (head_dim / 2 / d_split accumulators a lane each) spill above head dim 208 a warpgroup"
         if self.num_warps == 16 and (self.precision == "fp32" or self.head_dim_pad >= 64):
             return "16 warps leave 128 registers a lane: spills in 3xTF32, and from head dim 64"
         if self.num_warps == 12 and self.head_dim_pad >= (32 if self.precision == "fp32" else 112):
@@ -668,8 +672,8 @@ class BwdFusedWgmmaConfig(BwdDkdvWgmmaConfig):
     LAYOUT: ClassVar[str] = "cupyattn::BwdFusedWgmmaLayout"
 
     @property
-    def valid(self) -> bool:  # dQ^T's wgmma rows: 64 head-dim rows each
-        return super().valid and self.head_dim_pad % 64 == 0
+    def valid(self) -> bool:  # dQ^T's wgmma rows: 64 head-dim rows each; a warpgroup's dS, all of dK's columns
+        return super().valid and self.head_dim_pad % 64 == 0 and self.d_split == 1
 
     def _kept_tiles(self) -> LayoutBuilder:  # dK/dV's K and V, then K^T and the dS tiles
         d, m, n = self.head_dim_pad, self.block_m, self.block_n
@@ -1046,6 +1050,9 @@ FWD_WGMMA_FIRST = {
 # (16,128,8) 16.91; dQ "tf32" D=64 (128,32,8) 6.73 < (256,32,16) 6.88 < (192,32,12) 7.34;
 # D=128 (128,64,8) 13.68 ~ (128,32,8) 13.81 < (64,16,4) 14.51; "fp32" D=64 (128,32,8)
 # 15.63 < (64,16,4) 17.25; D=128 (64,32,4) 46.29 ~ (64,16,4) 46.46.
+# (16,64,8) and (32,64,8), d_split 2 (tenth session, compiled for sm_90a without spills
+# at head dims 64-256 where they fit, 80-219 registers; not yet run or timed on a GPU):
+# the only wgmma dK/dV tiles above head dim 208 ("tf32" 224 and 256).
 BWD_DKDV_WGMMA_TILES = (
     (32, 256, 16),
     (32, 192, 12),
@@ -1057,6 +1064,8 @@ BWD_DKDV_WGMMA_TILES = (
     (16, 64, 4),
     (32, 64, 4),
     (64, 64, 4),
+    (16, 64, 8),  # d_split 2: two warpgroups share 64 keys
+    (32, 64, 8),
 )
 BWD_DQ_WGMMA_TILES = (
     (128, 32, 8),
@@ -1103,7 +1112,7 @@ WGMMA_BACKWARD_MIN_ROWS = 1024
 def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_rows: int) -> tuple:
     """The (kernel class, tiles) of a backward pass ("dkdv" or "dq") in preference order:
     where a block streams at least WGMMA_BACKWARD_MIN_ROWS rows, the wgmma tiles first
-    (those that compile without spills: none for dK/dV above head dim 208), then
+    (those that compile without spills: above head dim 208 for dK/dV only the d_split 2 tiles), then
     mma.sync's; else mma.sync's first. With their streamed tiles staged once per call,
     the wgmma passes measured faster than mma.sync's at every head dim where they fit
     (H200, B=4, H=16, S=4096, whole backward ms, wgmma / mma.sync, one device call,

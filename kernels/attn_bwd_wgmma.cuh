@@ -11,7 +11,9 @@
 // A operand that P^T, dS^T or dS becomes (slots permuted within 8, wgmma_tiles.cuh).
 //
 // attn_bwd_dkdv_wgmma: a block owns BLOCK_N keys of one key/value head, 64 per
-//   warpgroup; K and V stay in shared memory (split once); Q and dO tiles of BLOCK_M
+//   warpgroup, or 64 per pair of warpgroups that each keep half of dK's and dV's
+//   columns (D_SPLIT = 2, where one warpgroup's registers do not hold them; both compute
+//   S^T and dP^T); K and V stay in shared memory (split once); Q and dO tiles of BLOCK_M
 //   query rows stream over every query head of the GQA group:
 //     S^T  = K Q^T,  dP^T = V dO^T                 (both operands in shared memory)
 //     P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T * (dP^T - delta)
@@ -231,10 +233,16 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     constexpr int THREADS = NUM_WARPS * 32;
     constexpr int K_STEPS = D_PAD / 8;     // k-steps of K Q^T and V dO^T
     constexpr int M_BLOCKS = BLOCK_M / 8;  // 8-query column blocks of S^T, the k-steps of dV and dK
-    constexpr int CN = chunk_columns<PASSES, D_PAD>();
-    constexpr int CHUNKS = D_PAD / CN;
+    // D_SPLIT warpgroups share 64 keys, each with its share of dK's and dV's columns
+    // (S^T and dP^T computed by each): the accumulators of head dims past one warpgroup's
+    // registers (plan.BwdDkdvWgmmaConfig.d_split).
+    constexpr int D_SPLIT = 16 * NUM_WARPS / BLOCK_N, D_WG = D_PAD / D_SPLIT;
+    constexpr int CN = chunk_columns<PASSES, D_WG>();
+    constexpr int CHUNKS = D_WG / CN;
     constexpr int KG = PASSES == 3 && M_BLOCKS > 4 ? 4 : M_BLOCKS;
-    static_assert(NUM_WARPS % 4 == 0 && BLOCK_N == 16 * NUM_WARPS, "each warpgroup owns 64 keys");
+    static_assert(NUM_WARPS % 4 == 0 && BLOCK_N % 64 == 0 && BLOCK_N * D_SPLIT == 16 * NUM_WARPS &&
+                  (D_SPLIT == 1 || D_SPLIT == 2), "each warpgroup owns 64 keys, one or two share them");
+    static_assert(D_WG % 16 == 0 && (!FUSED || D_SPLIT == 1), "a warpgroup's columns");
     static_assert(BLOCK_M == 16 || BLOCK_M == 32 || BLOCK_M == 64, "wgmma.cuh has n16, n32, n64");
     static_assert(D_PAD % 16 == 0 && M_BLOCKS % KG == 0, "tile shape");
     static_assert(!FUSED || D_PAD % 64 == 0, "dQ^T = K^T dS^T: 64 head-dim rows a wgmma");
@@ -249,12 +257,13 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     unsigned long long* barriers = reinterpret_cast<unsigned long long*>(smem + L::barriers);
 
     const int warp = threadIdx.x / 32, wg = warp / 4;
+    const int key_wg = wg / D_SPLIT, col0 = wg % D_SPLIT * D_WG;  // its 64 keys, its first dK/dV column
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const KeyBlock kb = key_block<BLOCK_N>(num_n_tiles, n_heads_q, n_heads_kv);
     const long long b = kb.b;
     const int h_kv = kb.h_kv, group = kb.group, n0 = kb.n0;
-    const int wg_key0 = n0 + wg * 64;            // this warpgroup's first key
+    const int wg_key0 = n0 + key_wg * 64;        // this warpgroup's first key
     const int key0 = wg_key0 + (warp % 4) * 16;  // this warp's
 
     // K and V, once, from global memory (zeros past the last key). The fused pass loads
@@ -296,8 +305,9 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     for (int p = 0; p < 2; ++p)
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) zero_acc(acc[p][c]);
-    const unsigned k_addr = wg_smem_addr(k_tile) + wg * 8 * 128;  // the warpgroup's 8 row groups
-    const unsigned v_addr = wg_smem_addr(v_tile) + wg * 8 * 128;
+    const unsigned k_addr = wg_smem_addr(k_tile) + key_wg * 8 * 128;  // the warpgroup's 8 row groups
+    const unsigned v_addr = wg_smem_addr(v_tile) + key_wg * 8 * 128;
+    const unsigned col_bytes = col0 / 8 * 128;  // its columns' core matrices in a transposed tile
     fence_proxy_async();
     __syncthreads();  // K's and V's TF32 tiles (and K^T) written (and visible to wgmma)
 
@@ -314,7 +324,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         mbarrier_wait(&barriers[stage], (item / STAGES) % 2);
         unsigned char* tiles = q_tiles + stage * L::STAGE_BYTES;
         const unsigned q_addr = wg_smem_addr(tiles), do_addr = q_addr + L::TILE_M;
-        const unsigned qt_addr = q_addr + 2 * L::TILE_M, dot_addr = q_addr + 3 * L::TILE_M;
+        const unsigned qt_addr = q_addr + 2 * L::TILE_M + col_bytes, dot_addr = q_addr + 3 * L::TILE_M + col_bytes;
         const float* lse_tile = reinterpret_cast<const float*>(tiles + 4 * L::TILE_M);
         const float* delta_tile = lse_tile + BLOCK_M;
 
@@ -368,9 +378,10 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         }
     }
 
-    const long long at_k = b * dk_sb + h_kv * dk_sh + key0 * dk_ss, at_v = b * dv_sb + h_kv * dv_sh + key0 * dv_ss;
-    store_wg_acc<CHUNKS, CN>(dk + at_k, dk_ss, acc[1], scale, seqlen_k - key0, head_dim, lane);
-    store_wg_acc<CHUNKS, CN>(dv + at_v, dv_ss, acc[0], 1.0f, seqlen_k - key0, head_dim_v, lane);
+    const long long at_k = b * dk_sb + h_kv * dk_sh + key0 * dk_ss + col0;
+    const long long at_v = b * dv_sb + h_kv * dv_sh + key0 * dv_ss + col0;
+    store_wg_acc<CHUNKS, CN>(dk + at_k, dk_ss, acc[1], scale, seqlen_k - key0, head_dim - col0, lane);
+    store_wg_acc<CHUNKS, CN>(dv + at_v, dv_ss, acc[0], 1.0f, seqlen_k - key0, head_dim_v - col0, lane);
 }
 
 #define CUPYATTN_DKDV_WGMMA_PARAMS                                                                              \

@@ -429,7 +429,7 @@ def test_wgmma_forward_layout_holds_tf32_parts_and_staged_key_tiles():
 
 
 def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measured_faster():
-    from cupyattn.plan import BwdDkdvMmaConfig, BwdDqWgmmaConfig, WgmmaConfig
+    from cupyattn.plan import BwdDqWgmmaConfig, WgmmaConfig
 
     def plans(precision, d, device="h200", dtype="float32", batch=4, seqlen=4096, causal=False):
         problem = AttentionProblem(dtype, d, d, causal, batch, 16, 16, seqlen, seqlen,
@@ -441,14 +441,15 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
         return [("wgmma" if isinstance(c, WgmmaConfig) else type(c).__name__, (c.block_m, c.block_n, c.num_warps))
                 for c in cfgs]
 
-    # plan._backward_families: wgmma first wherever its tiles compile without spills (dK/dV
-    # not above head dim 208: mma.sync at 256, and FFMA for "fp32", where every mma.sync tile spills).
+    # plan._backward_families: wgmma first wherever its tiles compile without spills and fit
+    # ("fp32" dK/dV at 256: no wgmma tile fits, FFMA there, where every mma.sync tile spills).
     assert tiles(plans("tf32", 64)) == [("wgmma", (32, 192, 12)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("fp32", 64)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("tf32", 128)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("fp32", 128)) == [("wgmma", (16, 64, 4)), ("wgmma", (64, 16, 4))]
+    # At head dim 256 two warpgroups share 64 keys, each with half of dK's and dV's columns.
     dkdv, dq = plans("tf32", 256)
-    assert type(dkdv) is BwdDkdvMmaConfig and isinstance(dq, BwdDqWgmmaConfig)
+    assert isinstance(dkdv, WgmmaConfig) and dkdv.d_split == 2 and isinstance(dq, BwdDqWgmmaConfig)
     assert not any(isinstance(c, MmaConfig) for c in plans("fp32", 256))
     # Blocks that stream fewer than WGMMA_BACKWARD_MIN_ROWS rows (half when causal): mma.sync first.
     assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, batch=1, seqlen=512))
@@ -468,7 +469,7 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
 
 
 def test_wgmma_backward_layouts_and_register_rules():
-    from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig
+    from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, BwdFusedWgmmaConfig
 
     dkdv = BwdDkdvWgmmaConfig("float32", "fp32", 64, 32, 128, 8, False)
     assert [b.name for b in dkdv.layout] == ["k_tile", "v_tile", "q_tiles", "barriers"]
@@ -485,7 +486,12 @@ def test_wgmma_backward_layouts_and_register_rules():
     assert dq.layout.total == 2 * 128 * 128 * 4 + 2 * 3 * 32 * 128 * 4 + 16 == 229392
     assert dq.staging.name_expression == "cupyattn::stage_keys_tf32<cupyattn::MmaTf32<1>, 128, 32, true>"
     # 64 keys (dK/dV) or query rows (dQ) a warpgroup.
-    assert dkdv.valid and not BwdDkdvWgmmaConfig("float32", "fp32", 64, 32, 64, 8, False).valid
+    assert dkdv.valid and not BwdDkdvWgmmaConfig("float32", "fp32", 64, 32, 64, 16, False).valid
+    # ... or two warpgroups share 64 keys, each with half of the head dim (d_split 2).
+    shared = BwdDkdvWgmmaConfig("float32", "tf32", 256, 16, 64, 8, False)
+    assert shared.valid and shared.d_split == 2 and shared.accumulators_per_lane == 128 + 16
+    assert shared.register_reason((9, 0)) is None and shared.layout.total == 2 * 64 * 256 * 4 + 65664 + 8
+    assert not BwdFusedWgmmaConfig("float32", "tf32", 128, 16, 64, 8, False).valid  # dS of all its keys
     assert dq.valid and not BwdDqWgmmaConfig("float32", "tf32", 128, 64, 32, 8, True).valid
     assert not BwdDqWgmmaConfig("float32", "fp16", 128, 128, 32, 8, True).valid
     # The spills ptxas makes (every listed tile, head dims 16-256): the rules that keep them out.
