@@ -656,8 +656,8 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
             return "12 warps leave 168 registers a lane: spills in 3xTF32 from head dim 32, else from 112"
         if self.precision == "fp32" and self.block_m == 64 and self.head_dim_pad >= 64:
             return "3xTF32 with 64-query tiles spills from head dim 64"
-        if self.block_m == 32 and self.head_dim_pad >= 192:
-            return "32-query tiles spill from head dim 192"
+        if self.block_m == 32 and self.head_dim_pad // self.d_split >= 192:
+            return "32-query tiles spill from 192 head-dim columns a warpgroup"
         return None
 
 
@@ -1050,9 +1050,10 @@ FWD_WGMMA_FIRST = {
 # (16,128,8) 16.91; dQ "tf32" D=64 (128,32,8) 6.73 < (256,32,16) 6.88 < (192,32,12) 7.34;
 # D=128 (128,64,8) 13.68 ~ (128,32,8) 13.81 < (64,16,4) 14.51; "fp32" D=64 (128,32,8)
 # 15.63 < (64,16,4) 17.25; D=128 (64,32,4) 46.29 ~ (64,16,4) 46.46.
-# (16,64,8) and (32,64,8), d_split 2 (tenth session, compiled for sm_90a without spills
-# at head dims 64-256 where they fit, 80-219 registers; not yet run or timed on a GPU):
-# the only wgmma dK/dV tiles above head dim 208 ("tf32" 224 and 256).
+# (16,64,8) and (32,64,8), d_split 2 (tenth session: compiled for sm_90a without spills
+# at every head dim 32-256 a multiple of 32 where they fit, causal and not, 64-219
+# registers; not yet run or timed on a GPU): the only wgmma dK/dV tiles above head dim
+# 208 ("tf32" 224 and 256).
 BWD_DKDV_WGMMA_TILES = (
     (32, 256, 16),
     (32, 192, 12),
