@@ -1050,10 +1050,14 @@ FWD_WGMMA_FIRST = {
 # (16,128,8) 16.91; dQ "tf32" D=64 (128,32,8) 6.73 < (256,32,16) 6.88 < (192,32,12) 7.34;
 # D=128 (128,64,8) 13.68 ~ (128,32,8) 13.81 < (64,16,4) 14.51; "fp32" D=64 (128,32,8)
 # 15.63 < (64,16,4) 17.25; D=128 (64,32,4) 46.29 ~ (64,16,4) 46.46.
-# (16,64,8) and (32,64,8), d_split 2 (tenth session: compiled for sm_90a without spills
-# at every head dim 32-256 a multiple of 32 where they fit, causal and not, 64-219
-# registers; not yet run or timed on a GPU): the only wgmma dK/dV tiles above head dim
-# 208 ("tf32" 224 and 256).
+# (16,64,8) and (32,64,8), d_split 2 (compiled for sm_90a without spills at every head
+# dim 32-256 a multiple of 32 where they fit, causal and not, 64-219 registers): the
+# only wgmma dK/dV tiles above head dim 208. Timed (eleventh session, whole backward
+# ms, the mma.sync family in the same call): "tf32" D=256 (16,64,8) 44.64 against
+# mma.sync (32,32,4) 61.76, causal 23.58 against 35.37 ((32,64,8) needs 262408 bytes
+# there); where other tiles fit they are slower: "tf32" D=128 causal (32,64,8) 9.74 and
+# (16,64,8) 12.05 against (32,128,8) 7.72; "fp32" D=128 (16,64,8) 55.14 against
+# (16,64,4) 47.15. Last in the list, so planned only above head dim 208.
 BWD_DKDV_WGMMA_TILES = (
     (32, 256, 16),
     (32, 192, 12),
