@@ -183,7 +183,7 @@ attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __r
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const int key_warp = warp % KEY_WARPS, d_part = warp / KEY_WARPS;
-    const KeyBlock kb = key_block<BLOCK_N>(num_n_tiles, n_heads_q, n_heads_kv);
+    const KeyBlock kb = key_block<CAUSAL, BLOCK_N>(num_n_tiles, n_heads_q, n_heads_kv);
     const long long b = kb.b;
     const int h_kv = kb.h_kv, group = kb.group, n0 = kb.n0;
     const int key0 = n0 + key_warp * 16;  // this warp's first key
@@ -317,7 +317,7 @@ attn_bwd_dq_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
-    const QueryBlock qb = query_block<BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
+    const QueryBlock qb = query_block<CAUSAL, BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
     const int m0 = qb.m0;
     const int warp_row0 = m0 + warp * 16;
     const T* k_h = k + qb.b * k_sb + qb.h_kv * k_sh;

@@ -130,7 +130,7 @@ attn_bwd_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __
 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const KeyBlock kb = key_block<BLOCK_N>(num_n_tiles, n_heads_q, n_heads_kv);
+    const KeyBlock kb = key_block<CAUSAL, BLOCK_N>(num_n_tiles, n_heads_q, n_heads_kv);
     const long long b = kb.b;
     const int h_kv = kb.h_kv, group = kb.group, n0 = kb.n0;
 
@@ -230,7 +230,7 @@ attn_bwd_dq_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __re
 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const QueryBlock qb = query_block<BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
+    const QueryBlock qb = query_block<CAUSAL, BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
     const long long b = qb.b;
     const int h = qb.h, h_kv = qb.h_kv, m0 = qb.m0;
 

@@ -260,7 +260,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     const int key_wg = wg / D_SPLIT, col0 = wg % D_SPLIT * D_WG;  // its 64 keys, its first dK/dV column
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
-    const KeyBlock kb = key_block<BLOCK_N>(num_n_tiles, n_heads_q, n_heads_kv);
+    const KeyBlock kb = key_block<CAUSAL, BLOCK_N>(num_n_tiles, n_heads_q, n_heads_kv);
     const long long b = kb.b;
     const int h_kv = kb.h_kv, group = kb.group, n0 = kb.n0;
     const int wg_key0 = n0 + key_wg * 64;        // this warpgroup's first key
@@ -459,7 +459,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     const int warp = threadIdx.x / 32, wg = warp / 4;
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
-    const QueryBlock qb = query_block<BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
+    const QueryBlock qb = query_block<CAUSAL, BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
     const int m0 = qb.m0;
     const int wg_row0 = m0 + wg * 64;
     const int warp_row0 = wg_row0 + (warp % 4) * 16;

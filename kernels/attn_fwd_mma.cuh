@@ -73,7 +73,7 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
-    const QueryBlock qb = query_block<BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
+    const QueryBlock qb = query_block<CAUSAL, BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
     const int m0 = qb.m0;
     q += qb.b * q_sb + qb.h * q_sh + m0 * q_ss;
     k += qb.b * k_sb + qb.h_kv * k_sh;

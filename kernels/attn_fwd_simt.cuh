@@ -63,7 +63,7 @@ attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const QueryBlock qb = query_block<BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
+    const QueryBlock qb = query_block<CAUSAL, BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
     const long long b = qb.b;
     const int h = qb.h, h_kv = qb.h_kv, m0 = qb.m0;
 

@@ -25,36 +25,64 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, long long src_st
     }
 }
 
-// Which (batch, query head, query tile) a block of the forward or dQ grid owns:
-// grid.x flattens (tile, head, batch), tile fastest and the last tile first, so
-// causal blocks with the most keys to visit start early.
+// The slot grid.x gives a block: `rank` (0 = the tile with the most work) and `bh`
+// (batch * heads + head), for a grid of num_tiles * heads blocks (api._launch).
+// Not causal (every block the same work): rank fastest, so the blocks of one head run
+// together and share its K and V in L2. Causal (a block's work falls with its rank):
+// groups of heads in turn, each handing out its tiles heaviest first, heads fastest.
+// With rank fastest over the whole grid the last head's heaviest tile starts near the
+// end and runs alone (scripts/grid_order_model.py: 32 tiles x 64 heads on 132 SMs 7%
+// over an even split, grouped under 1%). A group spans about 256 blocks (one head for
+// 256 tiles or more, at most 32 heads): on the H200, 8 heads of 32 tiles were faster
+// than 16 (docs in BENCHMARKS.md, eleventh session), more heads at once streaming more
+// K and V through L2.
+template <bool CAUSAL>
+__device__ __forceinline__ void grid_slot(int num_tiles, int& rank, long long& bh) {
+    const long long block = blockIdx.x;
+    if (!CAUSAL) {
+        rank = (int)(block % num_tiles);
+        bh = block / num_tiles;
+        return;
+    }
+    const long long heads = gridDim.x / num_tiles;
+    const int group_heads = max(1, min(32, 256 / num_tiles));
+    const long long first = block / ((long long)group_heads * num_tiles) * group_heads;
+    const int group = (int)min((long long)group_heads, heads - first);  // the last group may be short
+    const int within = (int)(block - first * num_tiles);
+    rank = within / group;
+    bh = first + within % group;
+}
+
+// Which (batch, query head, query tile) a block of the forward or dQ grid owns (rank 0
+// is the last tile: causal rows there see the most keys).
 struct QueryBlock {
     long long b;
     int h, h_kv, m0;
 };
 
-template <int BLOCK_M>
+template <bool CAUSAL, int BLOCK_M>
 __device__ __forceinline__ QueryBlock query_block(int num_m_tiles, int n_heads_q, int n_heads_kv) {
-    const long long block = blockIdx.x;
-    const int m_tile = num_m_tiles - 1 - (int)(block % num_m_tiles);
-    const long long bh = block / num_m_tiles;
+    int rank;
+    long long bh;
+    grid_slot<CAUSAL>(num_m_tiles, rank, bh);
+    const int m_tile = num_m_tiles - 1 - rank;
     const int h = (int)(bh % n_heads_q);
     return {bh / n_heads_q, h, h / (n_heads_q / n_heads_kv), m_tile * BLOCK_M};
 }
 
-// Which (batch, key/value head, key tile) a block of the dK/dV grid owns: grid.x
-// flattens (tile, head, batch), tile fastest; `group` query heads share the head.
+// Which (batch, key/value head, key tile) a block of the dK/dV grid owns (rank 0 is the
+// first tile: causal queries see it most); `group` query heads share the head.
 struct KeyBlock {
     long long b;
     int h_kv, group, n0;
 };
 
-template <int BLOCK_N>
+template <bool CAUSAL, int BLOCK_N>
 __device__ __forceinline__ KeyBlock key_block(int num_n_tiles, int n_heads_q, int n_heads_kv) {
-    const long long block = blockIdx.x;
-    const int n_tile = (int)(block % num_n_tiles);
-    const long long bh = block / num_n_tiles;
-    return {bh / n_heads_kv, (int)(bh % n_heads_kv), n_heads_q / n_heads_kv, n_tile * BLOCK_N};
+    int rank;
+    long long bh;
+    grid_slot<CAUSAL>(num_n_tiles, rank, bh);
+    return {bh / n_heads_kv, (int)(bh % n_heads_kv), n_heads_q / n_heads_kv, rank * BLOCK_N};
 }
 
 // The first query tile (a multiple of BLOCK_M) with a row that can see a key from n0

@@ -365,3 +365,89 @@ def test_reduced_suite_runs_without_a_memory_pool():
     assert res.returncode == 0 and lines and lines[-1].startswith("sanitize cases:"), (
         f"exit {res.returncode}; last case started: "
         f"{next((l for l in reversed(lines) if l.startswith('case:')), None)}\n{res.stderr[-2000:]}")
+
+
+_GRID_SLOT_PROBE = r"""
+#include "simt_tiles.cuh"
+template <bool CAUSAL>
+__global__ void grid_slots(int num_tiles, int* slots) {
+    int rank;
+    long long bh;
+    cupyattn::grid_slot<CAUSAL>(num_tiles, rank, bh);
+    if (threadIdx.x == 0) {
+        slots[2 * blockIdx.x] = rank;
+        slots[2 * blockIdx.x + 1] = (int)bh;
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("num_tiles,heads", [(1, 1), (5, 3), (7, 17), (32, 64), (16, 9), (100, 11), (256, 5)])
+def test_grid_slots_cover_every_tile_once_and_causal_grids_start_heaviest(num_tiles, heads):
+    """simt_tiles.cuh's grid_slot, which every kernel's query_block / key_block goes
+    through: each (rank, head) exactly once; not causal, rank fastest (the order the
+    non-causal kernels always had); causal, each group of about 256 blocks (at most 32
+    heads, the last group short) hands out its tiles heaviest (rank 0) first."""
+    import cupy
+
+    # The kernels' hash in the source: CuPy's disk cache keys on the source text alone,
+    # not on the header it includes (compile.kernel_source does the same).
+    source = f"// cupyattn kernels {cc.kernels_hash()}\n{_GRID_SLOT_PROBE}"
+    module = cupy.RawModule(code=source, options=("-std=c++17", f"-I{cc.kernels_dir()}"),
+                            name_expressions=["grid_slots<false>", "grid_slots<true>"])
+    blocks = num_tiles * heads
+    for causal in (False, True):
+        slots = cupy.full(2 * blocks, -1, dtype=cupy.int32)
+        module.get_function(f"grid_slots<{str(causal).lower()}>")((blocks,), (32,), (np.int32(num_tiles), slots))
+        rank, bh = slots.get().reshape(blocks, 2).T
+        assert sorted(zip(rank, bh)) == [(r, h) for r in range(num_tiles) for h in range(heads)]
+        if not causal:
+            assert (rank == np.arange(blocks) % num_tiles).all()
+            continue
+        group = max(1, min(32, 256 // num_tiles))
+        for first in range(0, heads, group):
+            span = slice(first * num_tiles, min(first + group, heads) * num_tiles)
+            assert set(bh[span]) == set(range(first, min(first + group, heads)))
+            assert (np.diff(rank[span]) >= 0).all(), f"group from head {first}: ranks {rank[span]}"
+
+
+@pytest.mark.parametrize("path", ["float16", "float32 fp32 wgmma", "float32 tf32 wgmma", "float32 tf32 fused"])
+@pytest.mark.parametrize("causal", [True, "top_left"])
+def test_causal_grids_of_several_head_groups_match_the_reference(path, causal, monkeypatch):
+    """Causal grids are ordered by groups of heads (grid_slot; at these few tiles a head,
+    32 heads a group): 3 x 12 heads, a full group and a short one in every grid, several
+    tiles per head, the last partial, against the float64 reference."""
+    from test_backward_gpu import run_backward_and_check
+    from test_forward_gpu import run_and_check
+
+    from cupyattn import plan as P
+    from cupyattn.device import current_device
+
+    dtype, *mode = path.split()
+    precision, kernels = mode if mode else (None, None)
+    if mode:
+        if current_device().compute_capability != (9, 0):
+            pytest.skip("wgmma needs an sm_90 GPU")
+        for tiles in ("FWD_MMA_TILES", "BWD_DKDV_MMA_TILES", "BWD_DQ_MMA_TILES"):
+            monkeypatch.setattr(P, tiles, ())
+        monkeypatch.setattr(P, "WGMMA_FORWARD_MIN_KEYS", 0)
+        monkeypatch.setattr(P, "WGMMA_BACKWARD_MIN_ROWS", 0)
+        monkeypatch.setattr(P, "BWD_FUSED_WHERE_FASTER", {(precision, 64)})
+    P.plan_forward.cache_clear()
+    P.plan_backward.cache_clear()
+    try:
+        B, Sq, Sk, Hq, Hkv, D = 3, 300, 257, 12, 12, 64
+        deterministic = kernels != "fused"
+        if mode:  # the kernels meant, not a fall-back
+            problem = P.AttentionProblem(dtype, D, D, causal, B, Hq, Hkv, Sq, Sk, precision=(precision,),
+                                         deterministic=deterministic)
+            assert isinstance(P.plan_forward(problem, current_device()).config, P.FwdWgmmaConfig)
+            bwd = P.plan_backward(problem, current_device())
+            assert isinstance(bwd.dkdv.config, P.BwdFusedWgmmaConfig if kernels == "fused" else P.BwdDkdvWgmmaConfig)
+        shape = dict(B=B, Sq=Sq, Sk=Sk, Hq=Hq, Hkv=Hkv, D=D, Dv=D, dtype=dtype, causal=causal,
+                     precision=precision, seed=21)
+        run_and_check(**shape)
+        run_backward_and_check(**shape, deterministic=deterministic)
+    finally:
+        P.plan_forward.cache_clear()
+        P.plan_backward.cache_clear()
