@@ -12,6 +12,8 @@ it, and none of it may be committed):
         --cases float16:64,tf32:128,fp32:128 [--causal yes|no|both] [--seqlens 1024,4096] [--rounds 2]
 
 Each case is dtype or float32 precision : head dim; B=4, H=16 as the other benchmarks.
+Inputs and timing come from each tree's own cupyattn.testing (device_values, median_ms:
+any revision from 2026-12-02 on).
 Each tree runs in its own process (CuPy's kernel cache keys on the kernels' hash, so the
 trees' kernels do not mix). Prints one table: median ms of each tree's rounds, and the
 change after / before.
@@ -33,18 +35,7 @@ def _worker(tree, cases, seqlens, causals, passes, repeats):
     import cupy
 
     import cupyattn
-
-    def median_ms(fn):
-        fn()
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        times = []
-        for _ in range(repeats):
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(start, stop))
-        return statistics.median(times)
+    from cupyattn.testing import device_values, median_ms  # the tree's own
 
     B, H = 4, 16
     for case in cases:
@@ -52,16 +43,16 @@ def _worker(tree, cases, seqlens, causals, passes, repeats):
         dtype, precision = (mode, None) if mode in ("float16", "bfloat16") else ("float32", mode)
         for S in seqlens:
             rng = cupy.random.default_rng(0)
-            q, k, v, do = (rng.standard_normal((B, S, H, int(D)), dtype=cupy.float32).astype(dtype)
-                           for _ in range(4))
+            q, k, v, do = (device_values((B, S, H, int(D)), dtype, rng) for _ in range(4))
             for causal in causals:
                 opts = dict(causal=causal, **({"precision": precision} if precision else {}))
                 row = dict(case=case, S=S, causal=causal)
                 if "fwd" in passes:
-                    row["fwd"] = median_ms(lambda: cupyattn.attention(q, k, v, **opts))
+                    row["fwd"] = median_ms(lambda: cupyattn.attention(q, k, v, **opts), repeats=repeats)
                 if "bwd" in passes:
                     out, lse = cupyattn.attention(q, k, v, return_lse=True, **opts)
-                    row["bwd"] = median_ms(lambda: cupyattn.attention_backward(do, q, k, v, out, lse, **opts))
+                    row["bwd"] = median_ms(lambda: cupyattn.attention_backward(do, q, k, v, out, lse, **opts),
+                                          repeats=repeats)
                 print(json.dumps(row), flush=True)
 
 
