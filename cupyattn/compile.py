@@ -44,9 +44,14 @@ def kernels_hash() -> str:
     return h.hexdigest()[:16]
 
 
+def hashed_source(code: str) -> str:
+    """``code`` (which includes kernels/ headers) after a line with the kernels' hash: CuPy's
+    disk cache keys on the source text alone, so the key changes whenever any header does."""
+    return f"// cupyattn kernels {kernels_hash()}\n{code}"
+
+
 def kernel_source(config) -> str:
-    # The hash line makes CuPy's own disk cache key change whenever any header does.
-    return f'// cupyattn kernels {kernels_hash()}\n#include "{config.HEADER}"\n'
+    return hashed_source(f'#include "{config.HEADER}"\n')
 
 
 class CompileError(RuntimeError):

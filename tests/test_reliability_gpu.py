@@ -390,10 +390,8 @@ def test_grid_slots_cover_every_tile_once_and_causal_grids_start_heaviest(num_ti
     heads, the last group short) hands out its tiles heaviest (rank 0) first."""
     import cupy
 
-    # The kernels' hash in the source: CuPy's disk cache keys on the source text alone,
-    # not on the header it includes (compile.kernel_source does the same).
-    source = f"// cupyattn kernels {cc.kernels_hash()}\n{_GRID_SLOT_PROBE}"
-    module = cupy.RawModule(code=source, options=("-std=c++17", f"-I{cc.kernels_dir()}"),
+    module = cupy.RawModule(code=cc.hashed_source(_GRID_SLOT_PROBE),
+                            options=cc.NVRTC_OPTIONS + (f"-I{cc.kernels_dir()}",),
                             name_expressions=["grid_slots<false>", "grid_slots<true>"])
     blocks = num_tiles * heads
     for causal in (False, True):
