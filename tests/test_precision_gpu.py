@@ -68,8 +68,9 @@ def test_tensor_core_kernels_in_each_precision(precision, D, B, Sq, Sk, causal):
 def test_wgmma_forward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal, monkeypatch):
     """The sm_90a wgmma forward wherever it fits (mma.sync's tiles taken away, so the
     planner cannot prefer them on small problems): head dims padded to 48 (16-column
-    P V products), 64, 128, 208 (Q in registers with zero columns) and 256, one key, partial and several K/V tiles. (Query
-    tiles stay under twice the query length, so a warpgroup's 64 rows need 33 or more.)"""
+    P V products), 64, 128, 208 (3xTF32: Q in registers, zero columns) and 256, one key,
+    partial and several K/V tiles. (Query tiles stay under twice the query length, so a
+    warpgroup's 64 rows need 33 or more.)"""
     from cupyattn import plan as P
 
     spec = current_device()
