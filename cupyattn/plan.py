@@ -488,10 +488,23 @@ class FwdWgmmaConfig(WgmmaConfig, FwdMmaConfig):
     def staging(self) -> StagingConfig:
         return StagingConfig("forward keys", self.precision, self.head_dim_pad, self.block_n)
 
+    Q_IN_REGISTERS_FROM: ClassVar[int] = 192  # kernels/attn_fwd_wgmma.cuh, FwdWgmmaLayout::Q_IN_REGISTERS
+
+    @property
+    def q_in_registers(self) -> bool:
+        """3xTF32 from head dim 192: Q kept once as float32 and split per k-step in
+        registers (the register A operand of S = Q K^T), half the bytes of two parts."""
+        return self.precision == "fp32" and self.head_dim_pad >= self.Q_IN_REGISTERS_FROM
+
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
         d, n = self.head_dim_pad, self.block_n
-        b = self._tf32_tile(LayoutBuilder(), "q_tile", (self.block_m, d))
+        if self.q_in_registers:
+            b = LayoutBuilder().add("q_tile", (1, self.block_m, d), "float32",
+                                    "float32 in each lane's wgmma A-register order, split into TF32 parts "
+                                    "per k-step in registers")
+        else:
+            b = self._tf32_tile(LayoutBuilder(), "q_tile", (self.block_m, d))
         return self._staged_tiles(b, "kv_tiles", "a key tile's K and V^T (V transposed: TF32 B operands "
                                   "are K-major)", (2, self.parts, n, d)).build()
 
@@ -509,6 +522,10 @@ class FwdWgmmaConfig(WgmmaConfig, FwdMmaConfig):
             return "3xTF32 with 64-key tiles spills at 16 warps (128 registers a lane)"
         if self.num_warps == 16 and self.head_dim_pad >= 160:
             return "head dims from 160 spill at 16 warps (128 registers a lane)"
+        # Q in registers (3xTF32 from head dim 192): (192, 16, 12) spills 8-36 bytes at
+        # 208 and 224 (NVRTC 13.5, every listed tile at 176-256 that fits, causal and not).
+        if self.q_in_registers and self.num_warps == 12 and self.head_dim_pad >= 208:
+            return "3xTF32 with Q in registers spills at 12 warps from head dim 208 (170 registers a lane)"
         return None
 
 
@@ -1016,6 +1033,9 @@ FWD_WGMMA_TILES = (
 #   fp32  64 (192,64,12) 2.92 < (128,64,8) 3.10 < (256,32,16) 3.33;  causal (192,64,12) 2.43 < (256,32,16) 2.53 < (128,64,8) 2.55
 #   fp32 128 (128,32,8) 6.51 < (64,64,4) 6.77 < (64,32,4) 8.17;  causal (128,32,8) 4.66 < (64,64,4) 5.42 < (192,16,12) 5.97
 #   fp32 256 (64,16,4) 19.94, causal 12.97 (the only tile that fits: Q's two parts take 128 KiB)
+# With Q in registers from head dim 192 (FwdWgmmaConfig.q_in_registers; not yet timed) Q
+# takes 64 KiB: (64,16,4) gets two stages, and (64,32,4) and (128,16,8) fit; until
+# tune_tiles has timed them the list's order picks (64,32,4) there.
 FWD_WGMMA_FIRST = {
     ("tf32", 64, False): ((128, 64, 8), (128, 32, 8), (64, 64, 4)),
     ("tf32", 64, True): ((128, 64, 8), (64, 32, 4), (128, 32, 8)),

@@ -50,7 +50,11 @@ namespace cupyattn {
 template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
 struct FwdWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
-    static constexpr int Q_BYTES = PARTS * BLOCK_M * D_PAD * 4;
+    // 3xTF32 from head dim 192: Q kept once as float32 in each lane's A-register order
+    // and split per k-step in registers (Q_IN_REGISTERS below), half the bytes of two
+    // parts, so that two 16-key stages (or one of 32 keys) fit beside it.
+    static constexpr bool Q_IN_REGISTERS = Op::passes == 3 && D_PAD >= 192;
+    static constexpr int Q_BYTES = (Q_IN_REGISTERS ? 1 : PARTS) * BLOCK_M * D_PAD * 4;
     static constexpr int K_BYTES = PARTS * BLOCK_N * D_PAD * 4;  // one operand of a staged key tile (K or V^T)
     static constexpr int TILE_BYTES = 2 * K_BYTES;
     static constexpr int STAGES = stages_that_fit(Q_BYTES, TILE_BYTES, 2);  // barriers: K, V^T
@@ -130,14 +134,28 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
             fetch(tile, 1);
         }
 
-    // Q, once: chunk i (4 columns of one row) lands at word 4i of the core-matrix tile,
-    // rows fastest within 8-row groups (wgmma.cuh), zeros outside the problem.
+    // Q, once, zeros outside the problem. In TF32 parts: chunk i (4 columns of one row)
+    // lands at word 4i of the core-matrix tile, rows fastest within 8-row groups
+    // (wgmma.cuh). Q_IN_REGISTERS: as float32, each lane's register A operand of each
+    // k-step in one 16-byte word: [warp][k-step][lane][4], (row g, column t) at 0,
+    // (g + 8, t) at 1, (g, t + 4) at 2, (g + 8, t + 4) at 3 (wgmma.cuh's A layout).
 #pragma unroll 1
     for (int i = threadIdx.x; i < BLOCK_M * D_PAD / 4; i += THREADS) {
-        const int r = (i / 8) % (BLOCK_M / 8) * 8 + i % 8, c = i / BLOCK_M * 4;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < seqlen_q - m0 && c < head_dim) x = *reinterpret_cast<const float4*>(q + r * q_ss + c);
-        store_parts<PASSES>(q_tile, q_tile + Q_PART, 4 * i, x);
+        if constexpr (L::Q_IN_REGISTERS) {
+            const int r = i / (D_PAD / 4), c = i % (D_PAD / 4) * 4;  // coalesced: a row's chunks in turn
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r < seqlen_q - m0 && c < head_dim) x = *reinterpret_cast<const float4*>(q + r * q_ss + c);
+            const int at = ((r / 16) * K_STEPS + c / 8) * 128 + (r % 8) * 16 + (r % 16) / 8 + (c % 8) / 4 * 2;
+            q_tile[at] = x.x;  // lane g * 4 + t holds column t: 4 consecutive columns, 4 lanes
+            q_tile[at + 4] = x.y;
+            q_tile[at + 8] = x.z;
+            q_tile[at + 12] = x.w;
+        } else {
+            const int r = (i / 8) % (BLOCK_M / 8) * 8 + i % 8, c = i / BLOCK_M * 4;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r < seqlen_q - m0 && c < head_dim) x = *reinterpret_cast<const float4*>(q + r * q_ss + c);
+            store_parts<PASSES>(q_tile, q_tile + Q_PART, 4 * i, x);
+        }
     }
 
     float o_acc[O_CHUNKS][CN / 8][4];
@@ -151,6 +169,7 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
     const int wg_row0 = m0 + wg * 64;
     const int warp_row0 = wg_row0 + (warp % 4) * 16;
     const unsigned q_addr = wg_smem_addr(q_tile) + wg * 8 * 128;  // the warpgroup's 8 row groups
+    const float4* q_words = reinterpret_cast<const float4*>(q_tile) + warp * K_STEPS * 32 + lane;  // Q_IN_REGISTERS
 
     fence_proxy_async();
     __syncthreads();  // Q's TF32 tiles written (and visible to wgmma)
@@ -200,20 +219,39 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
             for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
         if constexpr (PASSES == 3) {
             float step[2][N_BLOCKS][4];  // k-steps alternate between two fresh accumulators
+            Tf32Words<3, 4> q_regs[2];   // Q_IN_REGISTERS: the k-step's A operand, likewise
 #pragma unroll
             for (int ks = 0; ks < K_STEPS; ++ks) {
-                const unsigned qa = q_addr + ks * 2 * (BLOCK_M / 8) * 128;
                 const unsigned ka = k_addr + ks * 2 * (BLOCK_N / 8) * 128;
-                const auto q_big = wgmma_desc<BLOCK_M>(qa), q_small = wgmma_desc<BLOCK_M>(qa + Q_PART * 4);
                 const auto k_big = wgmma_desc<BLOCK_N>(ka), k_small = wgmma_desc<BLOCK_N>(ka + KV_PART * 4);
-                wgmma_fence();
-                WgS::template ss<false>(step[ks % 2], q_small, k_big);
-                WgS::template ss<true>(step[ks % 2], q_big, k_small);
-                WgS::template ss<true>(step[ks % 2], q_big, k_big);
+                if constexpr (L::Q_IN_REGISTERS) {
+                    // The same split as store_parts, so the products are those of the
+                    // shared-memory path.
+                    const float4 x = q_words[ks * 32];
+                    q_regs[ks % 2].set(0, x.x);
+                    q_regs[ks % 2].set(1, x.y);
+                    q_regs[ks % 2].set(2, x.z);
+                    q_regs[ks % 2].set(3, x.w);
+                    wgmma_fence();
+                    WgS::template rs<false>(step[ks % 2], q_regs[ks % 2].small, k_big);
+                    WgS::template rs<true>(step[ks % 2], q_regs[ks % 2].big, k_small);
+                    WgS::template rs<true>(step[ks % 2], q_regs[ks % 2].big, k_big);
+                } else {
+                    const unsigned qa = q_addr + ks * 2 * (BLOCK_M / 8) * 128;
+                    const auto q_big = wgmma_desc<BLOCK_M>(qa), q_small = wgmma_desc<BLOCK_M>(qa + Q_PART * 4);
+                    wgmma_fence();
+                    WgS::template ss<false>(step[ks % 2], q_small, k_big);
+                    WgS::template ss<true>(step[ks % 2], q_big, k_small);
+                    WgS::template ss<true>(step[ks % 2], q_big, k_big);
+                }
                 wgmma_commit();
                 if (ks > 0) {
                     wgmma_wait<1>();
                     fence_operand(step[(ks + 1) % 2]);
+                    if constexpr (L::Q_IN_REGISTERS) {  // the last k-step's A words, read by now
+                        fence_operand(q_regs[(ks + 1) % 2].big);
+                        fence_operand(q_regs[(ks + 1) % 2].small);
+                    }
 #pragma unroll
                     for (int j = 0; j < N_BLOCKS; ++j)
 #pragma unroll
@@ -222,6 +260,10 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
             }
             wgmma_wait<0>();
             fence_operand(step[(K_STEPS - 1) % 2]);
+            if constexpr (L::Q_IN_REGISTERS) {
+                fence_operand(q_regs[(K_STEPS - 1) % 2].big);
+                fence_operand(q_regs[(K_STEPS - 1) % 2].small);
+            }
 #pragma unroll
             for (int j = 0; j < N_BLOCKS; ++j)
 #pragma unroll

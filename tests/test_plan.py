@@ -357,7 +357,8 @@ def test_wgmma_forward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measu
     assert _tile_of(cfg("tf32", 256, causal=True)) == ("wgmma", (128, 32, 8))
     assert _tile_of(cfg("fp32", 64)) == ("wgmma", (192, 64, 12))
     assert _tile_of(cfg("fp32", 128)) == ("wgmma", (128, 32, 8))
-    assert _tile_of(cfg("fp32", 256)) == ("wgmma", (64, 16, 4))  # the only tile that fits
+    # Q in registers from head dim 192: the list's first tile that fits (not yet timed).
+    assert _tile_of(cfg("fp32", 256)) == ("wgmma", (64, 32, 4))
     # Head dims between the measured ones take the next measured one's order.
     assert _tile_of(cfg("tf32", 96)) == ("wgmma", (192, 64, 12))
     # Fewer keys than WGMMA_FORWARD_MIN_KEYS a block (half the sequence when causal): mma.sync
@@ -551,3 +552,19 @@ def test_fused_backward_layout_keeps_k_transposed_and_each_warpgroups_ds():
     # dQ^T = K^T dS^T takes 64 head-dim rows a wgmma.
     assert fused.valid and not BwdFusedWgmmaConfig("float32", "tf32", 96, 32, 128, 8, False).valid
     assert BwdDkdvWgmmaConfig("float32", "tf32", 96, 32, 128, 8, False).valid
+
+
+def test_3xtf32_forward_keeps_q_as_one_float32_copy_from_head_dim_192():
+    """FwdWgmmaConfig.q_in_registers (kernels/attn_fwd_wgmma.cuh Q_IN_REGISTERS): Q as
+    float32 once instead of two TF32 parts, so that the key tiles get the bytes."""
+    from cupyattn.plan import FwdWgmmaConfig
+
+    def q_bytes(precision, d, tile=(64, 16, 4)):
+        cfg = FwdWgmmaConfig("float32", precision, d, *tile, False)
+        return cfg.q_in_registers, cfg.layout["q_tile"].bytes, cfg.stages
+
+    assert q_bytes("fp32", 176) == (False, 2 * 64 * 176 * 4, 2)
+    assert q_bytes("fp32", 192) == (True, 64 * 192 * 4, 2)
+    assert q_bytes("fp32", 256) == (True, 64 * 256 * 4, 2)  # K and V^T in two parts: 64 KiB a stage, two stages
+    assert q_bytes("tf32", 256) == (False, 64 * 256 * 4, 2)  # one TF32 part anyway
+    assert FwdWgmmaConfig("float32", "fp32", 256, 64, 32, 4, False).layout.total <= 232448

@@ -62,14 +62,15 @@ def test_tensor_core_kernels_in_each_precision(precision, D, B, Sq, Sk, causal):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
-@pytest.mark.parametrize("D", [40, 64, 128, 256])
+@pytest.mark.parametrize("D", [40, 64, 128, 200, 256])
 @pytest.mark.parametrize("B,Sq,Sk", [(1, 33, 1), (2, 63, 130), (1, 257, 1000)])
 @pytest.mark.parametrize("causal", [False, True, "top_left"])
 def test_wgmma_forward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal, monkeypatch):
     """The sm_90a wgmma forward wherever it fits (mma.sync's tiles taken away, so the
     planner cannot prefer them on small problems): head dims padded to 48 (16-column
-    P V products), 64, 128 and 256, one key, partial and several K/V tiles. (Query
-    tiles stay under twice the query length, so a warpgroup's 64 rows need 33 or more.)"""
+    P V products), 64, 128, 208 (3xTF32: Q in registers, zero columns) and 256, one key,
+    partial and several K/V tiles. (Query tiles stay under twice the query length, so a
+    warpgroup's 64 rows need 33 or more.)"""
     from cupyattn import plan as P
 
     spec = current_device()
