@@ -364,6 +364,8 @@ class WgmmaConfig:
     lays out the tiles a block keeps before ``_staged_tiles``."""
 
     ARCH_SUFFIX: ClassVar[str] = "a"  # sm_90 -> sm_90a: the architecture-specific features
+    # Where only one stage fits, its two halves land apart (two barriers): the dK/dV kernels.
+    SPLIT_ONE_STAGE: ClassVar[bool] = False
 
     @staticmethod
     def runs_on(device: DeviceSpec, dtype: str, precision: str) -> bool:
@@ -408,6 +410,9 @@ class WgmmaConfig:
         builder = builder.add(name, (stages, *shape), "float32",
                               f"{stages} stage{'s' if two else ''} of {what}; {self._parts_text} in core-matrix "
                               f"order, copied whole (cp.async.bulk) from {staging.kernel_name}'s tiles")
+        if stages == 1 and self.SPLIT_ONE_STAGE:
+            return builder.add("barriers", (1, 2), "uint64", "mbarriers: the stage's two halves have landed "
+                               "(each copied while the other is in use)")
         return builder.add("barriers", (stages, self.BARRIERS), "uint64", "mbarriers: a stage's copies have landed")
 
 
@@ -634,6 +639,7 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
     LAYOUT: ClassVar[str] = "cupyattn::BwdDkdvWgmmaLayout"
     HEADER: ClassVar[str] = "attn_bwd_wgmma.cuh"
     BARRIERS: ClassVar[int] = 1
+    SPLIT_ONE_STAGE: ClassVar[bool] = True  # Q, dO | Q^T, dO^T, lse, delta
 
     @property
     def valid(self) -> bool:
@@ -1033,9 +1039,13 @@ FWD_WGMMA_TILES = (
 #   fp32  64 (192,64,12) 2.92 < (128,64,8) 3.10 < (256,32,16) 3.33;  causal (192,64,12) 2.43 < (256,32,16) 2.53 < (128,64,8) 2.55
 #   fp32 128 (128,32,8) 6.51 < (64,64,4) 6.77 < (64,32,4) 8.17;  causal (128,32,8) 4.66 < (64,64,4) 5.42 < (192,16,12) 5.97
 #   fp32 256 (64,16,4) 19.94, causal 12.97 (the only tile that fits: Q's two parts take 128 KiB)
-# With Q in registers from head dim 192 (FwdWgmmaConfig.q_in_registers; not yet timed) Q
-# takes 64 KiB: (64,16,4) gets two stages, and (64,32,4) and (128,16,8) fit; until
-# tune_tiles has timed them the list's order picks (64,32,4) there.
+# "fp32" from head dim 192 keeps Q in registers (FwdWgmmaConfig.q_in_registers: Q takes
+# half the bytes), a class of its own; the same sweep (twelfth session):
+#   fp32 192 (128,32,8) 10.00 < (192,16,12) 11.98 < (64,32,4) 13.62 < (128,16,8) 13.95 < (64,16,4) 20.98
+#            causal (128,32,8) 6.02 < (192,16,12) 7.54 < (128,16,8) 8.55 < (64,32,4) 8.61
+#   fp32 256 (128,16,8) 17.05 < (64,32,4) 17.27 < (64,16,4) 27.06;  causal (128,16,8) 10.19 < (64,32,4) 10.93 < (64,16,4) 16.50
+# and head dims 144-176 ("fp32" with both of Q's parts, no entry: the list's order) at
+#   fp32 160 (64,32,4) 9.85 < (128,16,8) 11.44 < (64,16,4) 14.58;  176 (64,32,4) 13.25 < (128,16,8) 13.78
 FWD_WGMMA_FIRST = {
     ("tf32", 64, False): ((128, 64, 8), (128, 32, 8), (64, 64, 4)),
     ("tf32", 64, True): ((128, 64, 8), (64, 32, 4), (128, 32, 8)),
@@ -1047,6 +1057,8 @@ FWD_WGMMA_FIRST = {
     ("fp32", 64, True): ((192, 64, 12), (256, 32, 16), (128, 64, 8)),
     ("fp32", 128, False): ((128, 32, 8), (64, 64, 4), (64, 32, 4)),
     ("fp32", 128, True): ((128, 32, 8), (64, 64, 4), (192, 16, 12)),
+    ("fp32", 256, False): ((128, 32, 8), (128, 16, 8), (64, 32, 4)),  # Q in registers: head dims 192-256
+    ("fp32", 256, True): ((128, 32, 8), (128, 16, 8), (64, 32, 4)),
 }
 
 
@@ -1169,6 +1181,8 @@ def _forward_families(precision: str, head_dim_pad: int, causal: bool, streamed_
     1.39 vs 2.45, D=128 2.46 vs 5.15, D=256 5.23 vs 16.92; "fp32" D=64 2.92 vs 5.68, D=128
     6.51 vs 11.48, D=256 19.94 (every mma.sync tile spills there)."""
     d_class = 64 if head_dim_pad <= 64 else 128 if head_dim_pad <= 128 else 256
+    if precision == "fp32" and 128 < head_dim_pad < FwdWgmmaConfig.Q_IN_REGISTERS_FROM:
+        d_class = 176  # both of Q's TF32 parts in shared memory: no entry, the list's order
     first = tuple(t for t in FWD_WGMMA_FIRST.get((precision, d_class, causal), ()) if t in FWD_WGMMA_TILES)
     wgmma = (FwdWgmmaConfig, first + tuple(t for t in FWD_WGMMA_TILES if t not in first))
     mma = (FwdMmaConfig, FWD_MMA_TILES)

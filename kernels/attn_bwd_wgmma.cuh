@@ -40,7 +40,7 @@
 //   q_tiles    [STAGES][Q: PARTS][BLOCK_M x D_PAD], [dO: ...], [Q^T: PARTS][D_PAD x BLOCK_M],
 //                      [dO^T: ...], [lse * log2(e): BLOCK_M], [delta: BLOCK_M]   a query tile as
 //                      stage_queries_tf32 writes it (transposed: query slots permuted)
-//   barriers   [STAGES]                   mbarrier
+//   barriers   [STAGES], one stage: [2]   mbarrier  (a stage, or one stage's two halves: Q, dO | the rest)
 // (plan.BwdFusedWgmmaConfig.layout: k_tile, v_tile, then
 //   kt_tile    [PARTS][D_PAD x BLOCK_N]   float  K^T, keys in natural order
 //   ds_tiles   [BLOCK_N / 64][PARTS][BLOCK_M x 64]  float  each warpgroup's dS, its keys as k
@@ -68,11 +68,16 @@ struct BwdDkdvWgmmaLayout {
     // A staged query tile: Q, dO, Q^T, dO^T, then lse * log2(e) and delta per row (stage_queries_tf32).
     static constexpr int STAGE_BYTES = 4 * TILE_M + 2 * BLOCK_M * 4;
     static constexpr int STAGES = stages_that_fit(2 * TILE_N, STAGE_BYTES, 1);
+    // One stage: its halves (Q, dO | Q^T, dO^T, lse, delta) land apart, each with its own
+    // barrier, so that one half copies while the other is in use (dkdv_wgmma).
+    static constexpr bool SPLIT_STAGE = STAGES == 1;
+    static constexpr int ROWS_HALF = 2 * TILE_M;  // Q and dO: the bytes of a stage's first half
+    static constexpr int BARRIER_COUNT = SPLIT_STAGE ? 2 : STAGES;
     static constexpr int k_tile = 0;
     static constexpr int v_tile = k_tile + TILE_N;
     static constexpr int q_tiles = v_tile + TILE_N;
     static constexpr int barriers = q_tiles + STAGES * STAGE_BYTES;
-    static constexpr int total = barriers + STAGES * 8;
+    static constexpr int total = barriers + BARRIER_COUNT * 8;
     static constexpr int num_buffers = 4;
     static constexpr int offsets[num_buffers] = {k_tile, v_tile, q_tiles, barriers};
 };
@@ -91,8 +96,11 @@ struct BwdFusedWgmmaLayout {
     static constexpr int ds_tiles = kt_tile + TILE_N;
     static constexpr int q_tiles = ds_tiles + BLOCK_N / 64 * DS_TILE;
     static constexpr int STAGES = stages_that_fit(q_tiles, STAGE_BYTES, 1);
+    static constexpr bool SPLIT_STAGE = STAGES == 1;  // as dK/dV's
+    static constexpr int ROWS_HALF = Dkdv::ROWS_HALF;
+    static constexpr int BARRIER_COUNT = SPLIT_STAGE ? 2 : STAGES;
     static constexpr int barriers = q_tiles + STAGES * STAGE_BYTES;
-    static constexpr int total = barriers + STAGES * 8;
+    static constexpr int total = barriers + BARRIER_COUNT * 8;
     static constexpr int num_buffers = 6;
     static constexpr int offsets[num_buffers] = {k_tile, v_tile, kt_tile, ds_tiles, q_tiles, barriers};
 };
@@ -288,15 +296,30 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // group, tile i % m_tiles after it.
     const unsigned char* staged = reinterpret_cast<const unsigned char*>(q_staged) +
                                   ((b * n_heads_q + h_kv * group) * n_q_tiles + m_begin / BLOCK_M) * L::STAGE_BYTES;
-    auto fetch = [&](int item) {  // thread 0 only: item's query tile into its stage
+    // Thread 0 only: bytes [from, to) of item's staged query tile into its stage.
+    auto copy = [&](int item, int from, int to, unsigned long long* bar) {
         const long long tile = (long long)(item / m_tiles) * n_q_tiles + item % m_tiles;
-        const int stage = item % STAGES;
-        bulk_copy_to_shared(q_tiles + stage * L::STAGE_BYTES, staged + tile * L::STAGE_BYTES, L::STAGE_BYTES,
-                            &barriers[stage]);
+        bulk_copy_to_shared(q_tiles + item % STAGES * L::STAGE_BYTES + from, staged + tile * L::STAGE_BYTES + from,
+                            to - from, bar);
     };
-    init_mbarriers<STAGES>(barriers);  // (a block barrier: K's tile is written)
-    if (threadIdx.x == 0)
-        for (int item = 0; item < STAGES && item < n_items; ++item) fetch(item);
+    // One stage (L::SPLIT_STAGE): Q and dO land on barriers[0], Q^T, dO^T, lse and delta on
+    // barriers[1]. The next item's Q and dO copy once every warpgroup has S^T and dP^T,
+    // while this item's dV and dK are done; its Q^T and dO^T once those are done, while
+    // its S^T and dP^T are. Two stages: a whole stage on its barrier, one item ahead.
+    auto fetch_rows = [&](int item) { copy(item, 0, L::ROWS_HALF, &barriers[0]); };
+    auto fetch_transposed = [&](int item) { copy(item, L::ROWS_HALF, L::STAGE_BYTES, &barriers[1]); };
+    auto fetch = [&](int item) { copy(item, 0, L::STAGE_BYTES, &barriers[item % STAGES]); };
+    init_mbarriers<L::BARRIER_COUNT>(barriers);  // (a block barrier: K's tile is written)
+    if (threadIdx.x == 0) {
+        if constexpr (L::SPLIT_STAGE) {
+            if (n_items > 0) {
+                fetch_rows(0);
+                fetch_transposed(0);
+            }
+        } else {
+            for (int item = 0; item < STAGES && item < n_items; ++item) fetch(item);
+        }
+    }
     if constexpr (FUSED)
         transpose_core_tile<L::PARTS, BLOCK_N, D_PAD, THREADS>(reinterpret_cast<float*>(smem + L::kt_tile), k_tile);
 
@@ -313,15 +336,25 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
 
     for (int item = 0; item < n_items; ++item) {
         if (item > 0) {
-            __syncthreads();  // every warpgroup is done with the last item's stage (and its dS)
-            if (threadIdx.x == 0 && item - 1 + STAGES < n_items) fetch(item - 1 + STAGES);
+            // Every warpgroup is done with the last item's stage (one stage: its second
+            // half) and its dS.
+            __syncthreads();
+            if constexpr (L::SPLIT_STAGE) {
+                if (threadIdx.x == 0) fetch_transposed(item);
+            } else {
+                if (threadIdx.x == 0 && item - 1 + STAGES < n_items) fetch(item - 1 + STAGES);
+            }
         }
         const int m0 = m_begin + (item % m_tiles) * BLOCK_M;
         // A warpgroup whose keys are all past the end or after every query's diagonal
-        // has nothing to add (uniform per warpgroup, as wgmma needs).
-        if (wg_key0 >= seqlen_k || (CAUSAL && wg_key0 > m0 + BLOCK_M - 1 + causal_offset)) continue;
+        // has nothing to add (uniform per warpgroup, as wgmma needs). With one stage it
+        // computes S^T and dP^T all the same and meets the others at the barrier below
+        // (skipping the products there cost ptxas up to 11 registers and spills). The
+        // first warpgroup always adds: every item sees the block's first key, so each
+        // copy is waited for before the next is issued.
+        const bool idle = wg_key0 >= seqlen_k || (CAUSAL && wg_key0 > m0 + BLOCK_M - 1 + causal_offset);
+        if (!L::SPLIT_STAGE && idle) continue;
         const int stage = item % STAGES;
-        mbarrier_wait(&barriers[stage], (item / STAGES) % 2);
         unsigned char* tiles = q_tiles + stage * L::STAGE_BYTES;
         const unsigned q_addr = wg_smem_addr(tiles), do_addr = q_addr + L::TILE_M;
         const unsigned qt_addr = q_addr + 2 * L::TILE_M + col_bytes, dot_addr = q_addr + 3 * L::TILE_M + col_bytes;
@@ -329,8 +362,15 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         const float* delta_tile = lse_tile + BLOCK_M;
 
         float sdp[2][M_BLOCKS][4];  // S^T, dP^T
+        mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
         rows_by_rows<PASSES, 2, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(sdp, {k_addr, v_addr}, KV_PART * 4,
                                                                     {q_addr, do_addr}, Q_PART * 4);
+        if constexpr (L::SPLIT_STAGE) {
+            __syncthreads();  // every warpgroup is done with Q and dO
+            if (threadIdx.x == 0 && item + 1 < n_items) fetch_rows(item + 1);
+            if (idle) continue;
+            mbarrier_wait(&barriers[1], item % 2);
+        }
         const bool needs_mask = m0 + BLOCK_M > seqlen_q || key0 + 16 > seqlen_k ||
                                 (CAUSAL && key0 + 15 > m0 + causal_offset);
 #pragma unroll

@@ -357,8 +357,11 @@ def test_wgmma_forward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measu
     assert _tile_of(cfg("tf32", 256, causal=True)) == ("wgmma", (128, 32, 8))
     assert _tile_of(cfg("fp32", 64)) == ("wgmma", (192, 64, 12))
     assert _tile_of(cfg("fp32", 128)) == ("wgmma", (128, 32, 8))
-    # Q in registers from head dim 192: the list's first tile that fits (not yet timed).
-    assert _tile_of(cfg("fp32", 256)) == ("wgmma", (64, 32, 4))
+    # Q in registers from head dim 192, a class of its own: (128, 32, 8) where it fits,
+    # else (128, 16, 8); at 144-176 (both of Q's parts) the list's order.
+    assert _tile_of(cfg("fp32", 192)) == _tile_of(cfg("fp32", 224)) == ("wgmma", (128, 32, 8))
+    assert _tile_of(cfg("fp32", 256)) == _tile_of(cfg("fp32", 256, causal=True)) == ("wgmma", (128, 16, 8))
+    assert _tile_of(cfg("fp32", 160)) == _tile_of(cfg("fp32", 176)) == ("wgmma", (64, 32, 4))
     # Head dims between the measured ones take the next measured one's order.
     assert _tile_of(cfg("tf32", 96)) == ("wgmma", (192, 64, 12))
     # Fewer keys than WGMMA_FORWARD_MIN_KEYS a block (half the sequence when causal): mma.sync
@@ -478,7 +481,11 @@ def test_wgmma_backward_layouts_and_register_rules():
     # A staged query tile (Q, dO, Q^T, dO^T in two parts, lse and delta): two stages do not fit.
     assert dkdv.staging.tile_bytes == 4 * 2 * 32 * 64 * 4 + 2 * 32 * 4 == 65792
     assert dkdv.stages == 1 and dkdv.layout["q_tiles"].bytes == dkdv.staging.tile_bytes
-    assert dkdv.layout.total == 4 * 2 * 2 * 128 * 64 + 65792 + 8 == 196872
+    # One stage: its halves (Q, dO | Q^T, dO^T, lse, delta) land on a barrier each.
+    assert dkdv.layout["barriers"].shape == (1, 2) and "halves" in dkdv.layout["barriers"].note
+    assert dkdv.layout.total == 4 * 2 * 2 * 128 * 64 + 65792 + 16 == 196880
+    two = BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 128, 8, False)
+    assert two.stages == 2 and two.layout["barriers"].shape == (2, 1)
     assert dkdv.staging.name_expression == "cupyattn::stage_queries_tf32<cupyattn::MmaTf32<3>, 64, 32>"
     dq = BwdDqWgmmaConfig("float32", "tf32", 128, 128, 32, 8, True)
     assert [b.name for b in dq.layout] == ["q_tile", "do_tile", "kv_tiles", "barriers"]
@@ -491,7 +498,7 @@ def test_wgmma_backward_layouts_and_register_rules():
     # ... or two warpgroups share 64 keys, each with half of the head dim (d_split 2).
     shared = BwdDkdvWgmmaConfig("float32", "tf32", 256, 16, 64, 8, False)
     assert shared.valid and shared.d_split == 2 and shared.accumulators_per_lane == 128 + 16
-    assert shared.register_reason((9, 0)) is None and shared.layout.total == 2 * 64 * 256 * 4 + 65664 + 8
+    assert shared.register_reason((9, 0)) is None and shared.layout.total == 2 * 64 * 256 * 4 + 65664 + 16  # one stage: two barriers
     assert not BwdFusedWgmmaConfig("float32", "tf32", 128, 16, 64, 8, False).valid  # dS of all its keys
     assert dq.valid and not BwdDqWgmmaConfig("float32", "tf32", 128, 64, 32, 8, True).valid
     assert not BwdDqWgmmaConfig("float32", "fp16", 128, 128, 32, 8, True).valid

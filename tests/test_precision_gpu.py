@@ -88,12 +88,13 @@ def test_wgmma_forward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal,
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
-@pytest.mark.parametrize("D", [40, 64, 128, 256])
+@pytest.mark.parametrize("D", [40, 64, 128, 224, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("tile", FWD_WGMMA_TILES, ids=[f"{m}x{n}x{w}" for m, n, w in FWD_WGMMA_TILES])
 def test_wgmma_forward_in_every_planned_tile(precision, D, causal, tile, monkeypatch):
     """Each wgmma tile of the planner's list (4 to 16 warps) where it fits, on a problem
-    of several query and key tiles, the last of each partial."""
+    of several query and key tiles, the last of each partial (head dim 224: "fp32" with
+    Q in registers, planned at (128, 32, 8) within 3 KiB of the limit)."""
     from cupyattn import plan as P
 
     spec = current_device()
