@@ -493,11 +493,11 @@ class FwdWgmmaConfig(WgmmaConfig, FwdMmaConfig):
     def staging(self) -> StagingConfig:
         return StagingConfig("forward keys", self.precision, self.head_dim_pad, self.block_n)
 
-    Q_IN_REGISTERS_FROM: ClassVar[int] = 192  # kernels/attn_fwd_wgmma.cuh, FwdWgmmaLayout::Q_IN_REGISTERS
+    Q_IN_REGISTERS_FROM: ClassVar[int] = 128  # kernels/attn_fwd_wgmma.cuh, FwdWgmmaLayout::Q_IN_REGISTERS
 
     @property
     def q_in_registers(self) -> bool:
-        """3xTF32 from head dim 192: Q kept once as float32 and split per k-step in
+        """3xTF32 from head dim 128: Q kept once as float32 and split per k-step in
         registers (the register A operand of S = Q K^T), half the bytes of two parts."""
         return self.precision == "fp32" and self.head_dim_pad >= self.Q_IN_REGISTERS_FROM
 
@@ -527,10 +527,16 @@ class FwdWgmmaConfig(WgmmaConfig, FwdMmaConfig):
             return "3xTF32 with 64-key tiles spills at 16 warps (128 registers a lane)"
         if self.num_warps == 16 and self.head_dim_pad >= 160:
             return "head dims from 160 spill at 16 warps (128 registers a lane)"
-        # Q in registers (3xTF32 from head dim 192): (192, 16, 12) spills 8-36 bytes at
-        # 208 and 224 (NVRTC 13.5, every listed tile at 176-256 that fits, causal and not).
-        if self.q_in_registers and self.num_warps == 12 and self.head_dim_pad >= 208:
-            return "3xTF32 with Q in registers spills at 12 warps from head dim 208 (170 registers a lane)"
+        # Q in registers (3xTF32 from head dim 128; NVRTC 13.5, every listed tile at head
+        # dims 128-256 that fits, causal and not): every 16-warp tile with 32 keys spills
+        # at 128-144 (128-276 bytes), (256, 16, 16) at 144 causal; at 12 warps (192, 64, 12)
+        # at 128 (128-396), (192, 32, 12) at 160-176 (8-68), (192, 16, 12) at 208-224 (8-60).
+        # The rules keep those out, and (256, 16, 16) at 128 and (192, 16, 12) at 192 (clean).
+        if self.q_in_registers and self.num_warps == 16:
+            return "3xTF32 with Q in registers spills at 16 warps (128 registers a lane)"
+        if self.q_in_registers and self.num_warps == 12 and self.head_dim_pad + 2 * self.block_n > 208:
+            return ("3xTF32 with Q in registers spills at 12 warps (168 registers a lane) where head dim + "
+                    "2 x keys a tile exceeds 208")
         return None
 
 
@@ -1038,14 +1044,17 @@ FWD_WGMMA_TILES = (
 #   tf32 256 (64,64,4) 5.23 < (128,32,8) 5.60 < (64,32,4) 7.04;  causal (128,32,8) 3.95 < (64,64,4) 4.38 < (192,16,12) 4.78
 #   fp32  64 (192,64,12) 2.92 < (128,64,8) 3.10 < (256,32,16) 3.33;  causal (192,64,12) 2.43 < (256,32,16) 2.53 < (128,64,8) 2.55
 #   fp32 128 (128,32,8) 6.51 < (64,64,4) 6.77 < (64,32,4) 8.17;  causal (128,32,8) 4.66 < (64,64,4) 5.42 < (192,16,12) 5.97
-#   fp32 256 (64,16,4) 19.94, causal 12.97 (the only tile that fits: Q's two parts take 128 KiB)
-# "fp32" from head dim 192 keeps Q in registers (FwdWgmmaConfig.q_in_registers: Q takes
-# half the bytes), a class of its own; the same sweep (twelfth session):
-#   fp32 192 (128,32,8) 10.00 < (192,16,12) 11.98 < (64,32,4) 13.62 < (128,16,8) 13.95 < (64,16,4) 20.98
-#            causal (128,32,8) 6.02 < (192,16,12) 7.54 < (128,16,8) 8.55 < (64,32,4) 8.61
+#            (Q's two parts in shared memory: "fp32" head dims 80-112 still, their class 112)
+# "fp32" from head dim 128 keeps Q in registers (FwdWgmmaConfig.q_in_registers: Q takes
+# half the bytes); the same sweep then (twelfth session; tiles the register rule keeps
+# out not listed), its head dim classes 128 (up to 176) and 256:
+#   fp32 128 (128,64,8) 5.93 < (192,32,12) 6.70 < (128,32,8) 6.92;  causal (128,64,8) 4.06 < (192,32,12) 4.32 < (128,32,8) 4.53
+#   fp32 144 (128,64,8) 7.56 < (192,32,12) 8.62 < (128,32,8) 8.98;  causal (128,64,8) 4.82 < (192,32,12) 5.32 < (128,32,8) 6.01
+#   fp32 176 (128,32,8) 10.74 < (64,64,4) 12.13 < (192,16,12) 13.02;  causal (128,32,8) 6.60 < (64,64,4) 7.90 < (192,16,12) 8.50
+#   fp32 192 (128,32,8) 10.00 < (192,16,12) 11.98 < (64,32,4) 13.62;  causal (128,32,8) 6.02 < (192,16,12) 7.54 < (128,16,8) 8.55
 #   fp32 256 (128,16,8) 17.05 < (64,32,4) 17.27 < (64,16,4) 27.06;  causal (128,16,8) 10.19 < (64,32,4) 10.93 < (64,16,4) 16.50
-# and head dims 144-176 ("fp32" with both of Q's parts, no entry: the list's order) at
-#   fp32 160 (64,32,4) 9.85 < (128,16,8) 11.44 < (64,16,4) 14.58;  176 (64,32,4) 13.25 < (128,16,8) 13.78
+# (with Q's two parts in shared memory: 176 (64,32,4) 13.25; 256 (64,16,4) 19.94, causal
+# 12.97, the only tile that fitted).
 FWD_WGMMA_FIRST = {
     ("tf32", 64, False): ((128, 64, 8), (128, 32, 8), (64, 64, 4)),
     ("tf32", 64, True): ((128, 64, 8), (64, 32, 4), (128, 32, 8)),
@@ -1055,9 +1064,11 @@ FWD_WGMMA_FIRST = {
     ("tf32", 256, True): ((128, 32, 8), (64, 64, 4), (192, 16, 12)),
     ("fp32", 64, False): ((192, 64, 12), (128, 64, 8), (256, 32, 16)),
     ("fp32", 64, True): ((192, 64, 12), (256, 32, 16), (128, 64, 8)),
-    ("fp32", 128, False): ((128, 32, 8), (64, 64, 4), (64, 32, 4)),
-    ("fp32", 128, True): ((128, 32, 8), (64, 64, 4), (192, 16, 12)),
-    ("fp32", 256, False): ((128, 32, 8), (128, 16, 8), (64, 32, 4)),  # Q in registers: head dims 192-256
+    ("fp32", 112, False): ((128, 32, 8), (64, 64, 4), (64, 32, 4)),  # head dims 80-112
+    ("fp32", 112, True): ((128, 32, 8), (64, 64, 4), (192, 16, 12)),
+    ("fp32", 128, False): ((128, 64, 8), (192, 32, 12), (128, 32, 8)),  # 128-176
+    ("fp32", 128, True): ((128, 64, 8), (192, 32, 12), (128, 32, 8)),
+    ("fp32", 256, False): ((128, 32, 8), (128, 16, 8), (64, 32, 4)),  # 192-256
     ("fp32", 256, True): ((128, 32, 8), (128, 16, 8), (64, 32, 4)),
 }
 
@@ -1181,8 +1192,8 @@ def _forward_families(precision: str, head_dim_pad: int, causal: bool, streamed_
     1.39 vs 2.45, D=128 2.46 vs 5.15, D=256 5.23 vs 16.92; "fp32" D=64 2.92 vs 5.68, D=128
     6.51 vs 11.48, D=256 19.94 (every mma.sync tile spills there)."""
     d_class = 64 if head_dim_pad <= 64 else 128 if head_dim_pad <= 128 else 256
-    if precision == "fp32" and 128 < head_dim_pad < FwdWgmmaConfig.Q_IN_REGISTERS_FROM:
-        d_class = 176  # both of Q's TF32 parts in shared memory: no entry, the list's order
+    if precision == "fp32" and 64 < head_dim_pad <= 176:  # FWD_WGMMA_FIRST's comment
+        d_class = 128 if head_dim_pad >= FwdWgmmaConfig.Q_IN_REGISTERS_FROM else 112
     first = tuple(t for t in FWD_WGMMA_FIRST.get((precision, d_class, causal), ()) if t in FWD_WGMMA_TILES)
     wgmma = (FwdWgmmaConfig, first + tuple(t for t in FWD_WGMMA_TILES if t not in first))
     mma = (FwdMmaConfig, FWD_MMA_TILES)

@@ -356,12 +356,11 @@ def test_wgmma_forward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measu
     assert _tile_of(cfg("tf32", 256)) == ("wgmma", (64, 64, 4))
     assert _tile_of(cfg("tf32", 256, causal=True)) == ("wgmma", (128, 32, 8))
     assert _tile_of(cfg("fp32", 64)) == ("wgmma", (192, 64, 12))
-    assert _tile_of(cfg("fp32", 128)) == ("wgmma", (128, 32, 8))
-    # Q in registers from head dim 192, a class of its own: (128, 32, 8) where it fits,
-    # else (128, 16, 8); at 144-176 (both of Q's parts) the list's order.
+    # Q in registers from head dim 128 (64-key tiles fit); "fp32" 144-176 in the class of 128.
+    assert _tile_of(cfg("fp32", 128)) == _tile_of(cfg("fp32", 144, causal=True)) == ("wgmma", (128, 64, 8))
+    assert _tile_of(cfg("fp32", 160)) == _tile_of(cfg("fp32", 176)) == ("wgmma", (128, 32, 8))
     assert _tile_of(cfg("fp32", 192)) == _tile_of(cfg("fp32", 224)) == ("wgmma", (128, 32, 8))
     assert _tile_of(cfg("fp32", 256)) == _tile_of(cfg("fp32", 256, causal=True)) == ("wgmma", (128, 16, 8))
-    assert _tile_of(cfg("fp32", 160)) == _tile_of(cfg("fp32", 176)) == ("wgmma", (64, 32, 4))
     # Head dims between the measured ones take the next measured one's order.
     assert _tile_of(cfg("tf32", 96)) == ("wgmma", (192, 64, 12))
     # Fewer keys than WGMMA_FORWARD_MIN_KEYS a block (half the sequence when causal): mma.sync
@@ -389,6 +388,12 @@ def test_wgmma_forward_register_rule_keeps_out_the_tiles_that_spill():
     assert FwdWgmmaConfig("float32", "tf32", 176, 256, 32, 16, False).register_reason((9, 0))  # 288 bytes
     assert not FwdWgmmaConfig("float32", "tf32", 144, 256, 32, 16, False).register_reason((9, 0))
     assert not FwdWgmmaConfig("float32", "tf32", 256, 128, 32, 8, True).register_reason((9, 0))
+    # Q in registers ("fp32" from 128): 16 warps, and 12 where head dim + 2 x keys > 208.
+    assert FwdWgmmaConfig("float32", "fp32", 128, 256, 32, 16, False).register_reason((9, 0))
+    assert FwdWgmmaConfig("float32", "fp32", 128, 192, 64, 12, False).register_reason((9, 0))
+    assert FwdWgmmaConfig("float32", "fp32", 160, 192, 32, 12, True).register_reason((9, 0))
+    assert not FwdWgmmaConfig("float32", "fp32", 144, 192, 32, 12, True).register_reason((9, 0))
+    assert not FwdWgmmaConfig("float32", "tf32", 128, 192, 64, 12, False).register_reason((9, 0))
 
 
 def _tile_of(cfg):
@@ -406,17 +411,23 @@ def test_wgmma_forward_layout_holds_tf32_parts_and_staged_key_tiles():
     tf32 = FwdWgmmaConfig("float32", "tf32", 128, 128, 32, 8, False)
     lay = fp32.layout
     assert [b.name for b in lay] == ["q_tile", "kv_tiles", "barriers"]
-    assert lay["q_tile"].shape == (2, 128, 128) and "K-major" in lay["kv_tiles"].note
-    # Two stages of K and V^T (2 parts x 32 keys x 128) do not fit beside Q's 128 KiB: one.
-    assert fp32.stages == 1 and lay["kv_tiles"].shape == (1, 2, 2, 32, 128)
-    assert lay["barriers"].shape == (1, 2) and lay["barriers"].bytes == 16
-    assert fp32.layout.total == 4 * (2 * 128 * 128 + 2 * 2 * 32 * 128) + 16 == 196624
+    # "fp32" from head dim 128: Q once as float32 (64 KiB) in A-register order.
+    assert lay["q_tile"].shape == (1, 128, 128) and "A-register order" in lay["q_tile"].note
+    assert "K-major" in lay["kv_tiles"].note
+    # Two stages of K and V^T (2 parts x 32 keys x 128) fit beside it, barriers for K and V^T.
+    assert fp32.stages == 2 and lay["kv_tiles"].shape == (2, 2, 2, 32, 128)
+    assert lay["barriers"].shape == (2, 2) and lay["barriers"].bytes == 32
+    assert fp32.layout.total == 4 * (128 * 128 + 2 * 2 * 2 * 32 * 128) + 32 == 196640
+    one = FwdWgmmaConfig("float32", "fp32", 128, 128, 64, 8, False)  # 64-key tiles: one stage
+    assert one.stages == 1 and one.layout["barriers"].shape == (1, 2) and one.layout.total == 196624
+    both_parts = FwdWgmmaConfig("float32", "fp32", 112, 128, 32, 8, False)
+    assert both_parts.layout["q_tile"].shape == (2, 128, 112)
     assert tf32.stages == 2 and tf32.layout["q_tile"].shape == (1, 128, 128)
     assert tf32.layout.total == 4 * (128 * 128 + 2 * 2 * 32 * 128) + 32
     two = FwdWgmmaConfig("float32", "fp32", 128, 128, 16, 8, False)  # 16-key tiles: two stages fit
     assert two.stages == 2 and two.layout.total <= SM90_SMEM_PER_BLOCK
     # The staging launch writes each key tile as one stage holds it.
-    assert fp32.staging.tile_bytes == lay["kv_tiles"].bytes
+    assert 2 * fp32.staging.tile_bytes == lay["kv_tiles"].bytes
     assert fp32.staging.workspace_bytes(4, 2, 33) == 4 * 2 * 2 * fp32.staging.tile_bytes  # 2 tiles of 32 keys
     assert fp32.staging.name_expression == "cupyattn::stage_keys_tf32<cupyattn::MmaTf32<3>, 128, 32, false>"
     assert fp32.valid and not FwdWgmmaConfig("float32", "fp32", 128, 128, 32, 4, False).valid  # 64 rows a warpgroup
@@ -561,7 +572,7 @@ def test_fused_backward_layout_keeps_k_transposed_and_each_warpgroups_ds():
     assert BwdDkdvWgmmaConfig("float32", "tf32", 96, 32, 128, 8, False).valid
 
 
-def test_3xtf32_forward_keeps_q_as_one_float32_copy_from_head_dim_192():
+def test_3xtf32_forward_keeps_q_as_one_float32_copy_from_head_dim_128():
     """FwdWgmmaConfig.q_in_registers (kernels/attn_fwd_wgmma.cuh Q_IN_REGISTERS): Q as
     float32 once instead of two TF32 parts, so that the key tiles get the bytes."""
     from cupyattn.plan import FwdWgmmaConfig
@@ -570,7 +581,8 @@ def test_3xtf32_forward_keeps_q_as_one_float32_copy_from_head_dim_192():
         cfg = FwdWgmmaConfig("float32", precision, d, *tile, False)
         return cfg.q_in_registers, cfg.layout["q_tile"].bytes, cfg.stages
 
-    assert q_bytes("fp32", 176) == (False, 2 * 64 * 176 * 4, 2)
+    assert q_bytes("fp32", 112) == (False, 2 * 64 * 112 * 4, 2)
+    assert q_bytes("fp32", 128, (128, 64, 8)) == (True, 128 * 128 * 4, 1)  # 64-key tiles fit
     assert q_bytes("fp32", 192) == (True, 64 * 192 * 4, 2)
     assert q_bytes("fp32", 256) == (True, 64 * 256 * 4, 2)  # K and V^T in two parts: 64 KiB a stage, two stages
     assert q_bytes("tf32", 256) == (False, 64 * 256 * 4, 2)  # one TF32 part anyway
