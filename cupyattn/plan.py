@@ -471,7 +471,7 @@ class StagingConfig:
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
-        return Layout(())  # static shared memory only (16 rows to transpose)
+        return Layout(())  # static shared memory only (two 16-row pieces of an operand: stage_operand)
 
 
 @dataclasses.dataclass(frozen=True)

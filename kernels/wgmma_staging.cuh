@@ -4,7 +4,7 @@
 // kernel copies it whole (cp.async.bulk) instead of every block splitting every tile
 // again (attn_fwd_wgmma.cuh says what that cost). Tiles of R rows: the row tile
 // (split_rows_global order) and, where a product reduces over the rows, the transposed tile
-// (split_transposed order: slots permuted within 8 for a register A operand), TF32
+// (slots permuted within 8 for a register A operand: wgmma_tiles.cuh), TF32
 // parts PART words apart, zeros past the sequence and the head dim.
 //
 //   stage_keys_tf32<Op, D_PAD, BLOCK_N, DQ>: per (batch, kv head, key tile), tiles of a
@@ -30,21 +30,57 @@ __host__ __device__ constexpr int stages_that_fit(int resident_bytes, int stage_
 constexpr int STAGING_THREADS = 128;
 constexpr int STAGING_PIECE = 16;  // rows per transposed piece: the transposed tile is 8-row groups in order
 
-// The transposed tile of R global rows (row stride `stride`), in pieces of 16 rows
-// through `raw` (STAGING_PIECE x (D_PAD + 4) floats of shared memory).
-template <int PASSES, int R, int D_PAD>
-__device__ __forceinline__ void split_transposed_global(float* out, int part, const float* src, long long stride,
-                                                        int valid_rows, int valid_cols, float* raw) {
-    constexpr int P = STAGING_PIECE, RAW_STRIDE = D_PAD + 4;
-#pragma unroll 1
-    for (int piece = 0; piece < R / P; ++piece) {
-        cp_async_tile<float, P, D_PAD, RAW_STRIDE, STAGING_THREADS>(raw, src + piece * P * stride, stride,
-                                                                    valid_rows - piece * P, valid_cols);
+// One operand's R global rows (row stride `stride`, zeros from row valid_rows and
+// column valid_cols on) as its row tile (ROWS: split_rows_global's order) and / or its
+// transposed tile (TRANSPOSED: split_transposed's order, rows as slots permuted within 8),
+// 16 rows at a time: each piece lands in shared memory with coalesced 16-byte cp.async
+// (the next one in flight while this one is written out), and both tiles are written
+// from it as 16-byte words, consecutive threads at consecutive words. The operand is
+// read from global memory once whichever tiles it gives.
+template <int PASSES, int R, int D_PAD, bool ROWS, bool TRANSPOSED>
+__device__ __forceinline__ void stage_operand(float* rows_out, float* transposed_out, int part, const float* src,
+                                              long long stride, int valid_rows, int valid_cols,
+                                              float (&raw)[2][STAGING_PIECE * (D_PAD + 4)]) {
+    constexpr int P = STAGING_PIECE, RAW_STRIDE = D_PAD + 4, PIECES = R / P, THREADS = STAGING_THREADS;
+    static_assert(R % P == 0 && D_PAD % 16 == 0, "tiles of 16-row pieces");
+    auto load = [&](int piece) {
+        cp_async_tile<float, P, D_PAD, RAW_STRIDE, THREADS>(raw[piece % 2], src + piece * P * stride, stride,
+                                                            valid_rows - piece * P, valid_cols);
         cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-        split_transposed<PASSES, P, D_PAD, RAW_STRIDE, STAGING_THREADS>(out + piece * P * D_PAD, part, raw);
-        __syncthreads();  // raw is read before the next piece overwrites it
+    };
+    load(0);
+#pragma unroll 1
+    for (int piece = 0; piece < PIECES; ++piece) {
+        if (piece + 1 < PIECES) {
+            load(piece + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // the piece has landed
+        const float* x = raw[piece % 2];
+        if constexpr (ROWS) {
+            // Row r, columns c..c+3 at core_offset<R>(r, c): a 4-column chunk's 16 rows are
+            // 16 consecutive words.
+#pragma unroll 1
+            for (int n = threadIdx.x; n < P * D_PAD / 4; n += THREADS) {
+                const int j = n % P, c = n / P * 4;
+                const float4 v = *reinterpret_cast<const float4*>(x + j * RAW_STRIDE + c);
+                store_parts<PASSES>(rows_out, rows_out + part, core_offset<R>(piece * P + j, c), v);
+            }
+        }
+        if constexpr (TRANSPOSED) {
+            // Slots 4q..4q+3 of column d at core_offset<D_PAD>(d, 4q): the piece's 16 slots
+            // are 4 runs of D_PAD words. Slot s of each 8 holds row 2s (s < 4) or 2(s - 4) + 1.
+#pragma unroll 1
+            for (int n = threadIdx.x; n < P * D_PAD / 4; n += THREADS) {
+                const int d = n % D_PAD, q = n / D_PAD;
+                const float* col = x + (q / 2 * 8 + q % 2) * RAW_STRIDE + d;  // rows q%2, +2, +4, +6 of 8
+                const float4 v = make_float4(col[0], col[2 * RAW_STRIDE], col[4 * RAW_STRIDE], col[6 * RAW_STRIDE]);
+                store_parts<PASSES>(transposed_out, transposed_out + part, core_offset<D_PAD>(d, piece * P + 4 * q), v);
+            }
+        }
+        __syncthreads();  // the piece is read before load(piece + 2) overwrites its buffer
     }
 }
 
@@ -55,21 +91,22 @@ stage_keys_tf32(const float* __restrict__ k, const float* __restrict__ v, float*
                 int n_heads_kv, int seqlen_k, int head_dim, int n_tiles) {
     constexpr int PASSES = Op::passes, PARTS = PASSES == 3 ? 2 : 1;
     constexpr int PART = BLOCK_N * D_PAD;  // words per TF32 part
-    __shared__ __align__(16) float raw[STAGING_PIECE * (D_PAD + 4)];
+    __shared__ __align__(16) float raw[2][STAGING_PIECE * (D_PAD + 4)];
     const int tile = blockIdx.x % n_tiles, bh = blockIdx.x / n_tiles;
     const int b = bh / n_heads_kv, h = bh % n_heads_kv, n0 = tile * BLOCK_N;
     float* out = staged + (long long)blockIdx.x * (DQ ? 3 : 2) * PARTS * PART;
     k += b * k_sb + h * k_sh + n0 * k_ss;
     v += b * v_sb + h * v_sh + n0 * v_ss;
-    split_rows_global<PASSES, BLOCK_N, D_PAD, STAGING_THREADS>(out, PART, k, k_ss, seqlen_k - n0, head_dim);
-    if constexpr (DQ) {
-        split_rows_global<PASSES, BLOCK_N, D_PAD, STAGING_THREADS>(out + PARTS * PART, PART, v, v_ss, seqlen_k - n0,
-                                                                   head_dim);
-        split_transposed_global<PASSES, BLOCK_N, D_PAD>(out + 2 * PARTS * PART, PART, k, k_ss, seqlen_k - n0,
-                                                        head_dim, raw);
-    } else {
-        split_transposed_global<PASSES, BLOCK_N, D_PAD>(out + PARTS * PART, PART, v, v_ss, seqlen_k - n0, head_dim,
-                                                        raw);
+    const int rows = seqlen_k - n0;
+    if constexpr (DQ) {  // [K | V | K^T]
+        stage_operand<PASSES, BLOCK_N, D_PAD, true, true>(out, out + 2 * PARTS * PART, PART, k, k_ss, rows, head_dim,
+                                                          raw);
+        stage_operand<PASSES, BLOCK_N, D_PAD, true, false>(out + PARTS * PART, nullptr, PART, v, v_ss, rows, head_dim,
+                                                           raw);
+    } else {  // [K | V^T]
+        stage_operand<PASSES, BLOCK_N, D_PAD, true, false>(out, nullptr, PART, k, k_ss, rows, head_dim, raw);
+        stage_operand<PASSES, BLOCK_N, D_PAD, false, true>(nullptr, out + PARTS * PART, PART, v, v_ss, rows, head_dim,
+                                                           raw);
     }
 }
 
@@ -81,17 +118,16 @@ stage_queries_tf32(const float* __restrict__ q, const float* __restrict__ dout, 
                    int n_heads_q, int seqlen_q, int head_dim, int n_tiles) {
     constexpr int PASSES = Op::passes, PARTS = PASSES == 3 ? 2 : 1;
     constexpr int PART = BLOCK_M * D_PAD;
-    __shared__ __align__(16) float raw[STAGING_PIECE * (D_PAD + 4)];
+    __shared__ __align__(16) float raw[2][STAGING_PIECE * (D_PAD + 4)];
     const int tile = blockIdx.x % n_tiles, bh = blockIdx.x / n_tiles;
     const int b = bh / n_heads_q, h = bh % n_heads_q, m0 = tile * BLOCK_M;
     float* out = staged + (long long)blockIdx.x * (4 * PARTS * PART + 2 * BLOCK_M);
     q += b * q_sb + h * q_sh + m0 * q_ss;
     dout += b * do_sb + h * do_sh + m0 * do_ss;
     const int rows = seqlen_q - m0;
-    split_rows_global<PASSES, BLOCK_M, D_PAD, STAGING_THREADS>(out, PART, q, q_ss, rows, head_dim);
-    split_rows_global<PASSES, BLOCK_M, D_PAD, STAGING_THREADS>(out + PARTS * PART, PART, dout, do_ss, rows, head_dim);
-    split_transposed_global<PASSES, BLOCK_M, D_PAD>(out + 2 * PARTS * PART, PART, q, q_ss, rows, head_dim, raw);
-    split_transposed_global<PASSES, BLOCK_M, D_PAD>(out + 3 * PARTS * PART, PART, dout, do_ss, rows, head_dim, raw);
+    stage_operand<PASSES, BLOCK_M, D_PAD, true, true>(out, out + 2 * PARTS * PART, PART, q, q_ss, rows, head_dim, raw);
+    stage_operand<PASSES, BLOCK_M, D_PAD, true, true>(out + PARTS * PART, out + 3 * PARTS * PART, PART, dout, do_ss,
+                                                      rows, head_dim, raw);
     float* rowwise = out + 4 * PARTS * PART;
     const long long at = (long long)bh * seqlen_q + m0;
     for (int i = threadIdx.x; i < BLOCK_M; i += STAGING_THREADS) {

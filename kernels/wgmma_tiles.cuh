@@ -7,8 +7,8 @@
 //
 //   split_rows_global  float32 rows of global memory -> an R-row tile (the operand of
 //                      A B^T; synchronous loads)
-//   split_transposed   float32 rows staged in shared memory -> the transposed tile, R rows
-//                      becoming the k dimension in the order a register A operand takes them
+//   (transposed tiles, R rows becoming the k dimension in the order a register A operand
+//    takes them, come from the staging launches: wgmma_staging.cuh, stage_operand)
 //   zero_transposed_rows  rows from some index on of a transposed tile, zeroed
 //   transpose_core_tile   a tile's transpose, words moved within shared memory
 //   rows_by_rows       d = A B^T, A 64 rows and B N rows of such tiles, in shared memory
@@ -17,7 +17,7 @@
 // Register A operands come from m64nN accumulators: lane (g, t) holds columns 2t and
 // 2t + 1 of every 8, where the A operand wants k t and t + 4, so within each 8 the k
 // order is permuted: slot t holds column 2t, slot t + 4 column 2t + 1 (mma.cuh,
-// MmaTf32). split_transposed stores its rows in that slot order.
+// MmaTf32). Transposed tiles hold their rows in that slot order.
 #pragma once
 
 #include "mma.cuh"
@@ -38,10 +38,6 @@ __device__ __forceinline__ void store_parts(float* big, float* small, int at, fl
         *reinterpret_cast<uint4*>(small + at) = make_uint4(w.small[0], w.small[1], w.small[2], w.small[3]);
 }
 
-__device__ __forceinline__ unsigned pick4(const unsigned (&w)[4], int i) {
-    return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
-}
-
 // The R x D_PAD tile (parts PART words apart) from global rows (row stride `stride`
 // floats, 16-byte aligned), zeros from row valid_rows and column valid_cols on.
 // Chunk i (4 columns of one row) lands at word 4i, rows fastest within 8-row groups.
@@ -57,38 +53,8 @@ __device__ __forceinline__ void split_rows_global(float* tile, int part, const f
     }
 }
 
-// The transposed tile (D_PAD rows, R slots of k) of a staging tile of R rows in shared
-// memory (row stride RAW_STRIDE, already zero-filled): element (d, slot) with slot the
-// row's place in the register A operand's k order (above). A lane reads 4 columns d of
-// one row and writes them to 4 rows of the transpose, starting at (e + s) % 4 so that a
-// warp's stores hit 32 banks.
-template <int PASSES, int R, int D_PAD, int RAW_STRIDE, int THREADS>
-__device__ __forceinline__ void split_transposed(float* transposed, int part, const float* raw) {
-    constexpr int R_BLOCKS = R / 8;
-#pragma unroll 1
-    for (int i = threadIdx.x; i < R * D_PAD / 4; i += THREADS) {
-        const int r8 = i % 8, c_lo = (i / 8) % 4, rest = i / 32;
-        const int r = rest % R_BLOCKS * 8 + r8, cc = rest / R_BLOCKS * 4 + c_lo;
-        const int slot = rest % R_BLOCKS * 8 + (r8 % 2) * 4 + r8 / 2;
-        const float4 x = *reinterpret_cast<const float4*>(raw + r * RAW_STRIDE + 4 * cc);
-        Tf32Words<PASSES, 4> w;
-        w.set(0, x.x);
-        w.set(1, x.y);
-        w.set(2, x.z);
-        w.set(3, x.w);
-        const int s = r8 % 2 + 2 * ((c_lo / 2) % 2);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int idx = (e + s) % 4;
-            const int at = core_offset<D_PAD>(4 * cc + idx, slot);
-            reinterpret_cast<unsigned*>(transposed)[at] = pick4(w.big, idx);
-            if constexpr (PASSES == 3) reinterpret_cast<unsigned*>(transposed + part)[at] = pick4(w.small, idx);
-        }
-    }
-}
-
-// Zero rows [from, R) of the R rows that a transposed tile (PARTS parts, split_transposed
-// order) holds as slots: the wgmma kernels' last key tile past every key a block sees.
+// Zero rows [from, R) of the R rows that a transposed tile (PARTS parts, stage_operand's
+// slot order) holds as slots: the wgmma kernels' last key tile past every key a block sees.
 template <int PARTS, int R, int D_PAD, int THREADS>
 __device__ __forceinline__ void zero_transposed_rows(float* transposed, int from) {
 #pragma unroll 1
