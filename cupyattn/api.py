@@ -407,8 +407,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         dqs, dks, dvs = call.bshd(dq), call.bshd(dk), call.bshd(dv)
         rows = call.B * call.Hq * call.Sq
         delta = cupy.empty((call.B, call.Hq, call.Sq), dtype=cupy.float32)
-        warps = bplan.delta.num_warps
-        _launch(bplan.delta, spec, -(-rows // warps), "dout", (
+        _launch(bplan.delta, spec, -(-rows // bplan.delta.rows_per_block), "dout", (
             _ptr(dos), _ptr(os_), _ptr(delta), *_elem_strides(dos), *_elem_strides(os_),
             np.int32(call.Hq), np.int32(call.Sq), np.int32(call.Dv), np.int64(rows)))
 

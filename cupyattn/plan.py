@@ -806,21 +806,27 @@ class BwdDqSimtConfig(SimtConfig):
 
 @dataclasses.dataclass(frozen=True)
 class BwdDeltaConfig:
-    """``attn_bwd_delta``: delta = rowsum(dO * O), one warp per row, no shared memory."""
+    """``attn_bwd_delta``: delta = rowsum(dO * O), a warp per ``rows_per_warp`` rows (their
+    loads in flight together), no shared memory."""
 
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_delta"
     HEADER: ClassVar[str] = "attn_bwd_simt.cuh"
 
     dtype: str
     num_warps: int = 8
+    rows_per_warp: int = 4
 
     @property
     def threads(self) -> int:
         return self.num_warps * 32
 
     @property
+    def rows_per_block(self) -> int:
+        return self.num_warps * self.rows_per_warp
+
+    @property
     def name_expression(self) -> str:
-        return f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {self.num_warps}>"
+        return f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {self.num_warps}, {self.rows_per_warp}>"
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
