@@ -152,6 +152,14 @@ __device__ __forceinline__ void zero_acc(float (&d)[NB][4]) {
         for (int e = 0; e < 4; ++e) d[j][e] = 0.0f;
 }
 
+template <int NB>
+__device__ __forceinline__ void add_acc(float (&d)[NB][4], const float (&x)[NB][4]) {  // d += x
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[j][e] += x[j][e];
+}
+
 // d[p] = A_p B_p^T for NP products of the same shape, over K_STEPS k-steps of 8: A_p the
 // 64 rows at a_addr[p] of an A_ROWS-row tile, B_p an N-row tile at b_addr[p]; small parts
 // A_PART / B_PART bytes after the big ones. All products go out before the first wait,
@@ -190,10 +198,7 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 #pragma unroll
                 for (int p = 0; p < NP; ++p) {
                     fence_operand(step[(ks + 1) % 2][p]);
-#pragma unroll
-                    for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) d[p][j][e] += step[(ks + 1) % 2][p][j][e];
+                    add_acc(d[p], step[(ks + 1) % 2][p]);
                 }
             }
         }
@@ -201,10 +206,7 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
             fence_operand(step[(K_STEPS - 1) % 2][p]);
-#pragma unroll
-            for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) d[p][j][e] += step[(K_STEPS - 1) % 2][p][j][e];
+            add_acc(d[p], step[(K_STEPS - 1) % 2][p]);
         }
     } else {
         wgmma_fence();
@@ -270,10 +272,7 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
                 fence_operand(step[(ks + 1) % 2][p]);
                 fence_operand(a[(ks + 1) % 2][p].big);  // the last k-step's A words, read by now
                 fence_operand(a[(ks + 1) % 2][p].small);
-#pragma unroll
-                for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) d[p][j][e] += step[(ks + 1) % 2][p][j][e];
+                add_acc(d[p], step[(ks + 1) % 2][p]);
             }
         }
     }
@@ -283,10 +282,7 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
         fence_operand(step[(K_STEPS - 1) % 2][p]);
         fence_operand(a[(K_STEPS - 1) % 2][p].big);
         fence_operand(a[(K_STEPS - 1) % 2][p].small);
-#pragma unroll
-        for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) d[p][j][e] += step[(K_STEPS - 1) % 2][p][j][e];
+        add_acc(d[p], step[(K_STEPS - 1) % 2][p]);
     }
 }
 
