@@ -734,11 +734,24 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
     def valid(self) -> bool:
         return self._valid_tile(owned=self.block_m, streamed=self.block_n)
 
+    Q_IN_REGISTERS_FROM: ClassVar[int] = 128  # kernels/attn_bwd_wgmma.cuh, BwdDqWgmmaLayout::Q_IN_REGISTERS
+
+    @property
+    def q_in_registers(self) -> bool:
+        """3xTF32 from head dim 128: Q and dO kept once as float32 and split per k-step in
+        registers (the register A operands of S = Q K^T and dP = dO V^T), as the forward
+        keeps Q: half the bytes of two parts."""
+        return self.precision == "fp32" and self.head_dim_pad >= self.Q_IN_REGISTERS_FROM
+
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
         d, m, n = self.head_dim_pad, self.block_m, self.block_n
-        b = self._tf32_tile(LayoutBuilder(), "q_tile", (m, d))
-        b = self._tf32_tile(b, "do_tile", (m, d))
+        if self.q_in_registers:
+            words = "float32 in each lane's wgmma A-register order, split into TF32 parts per k-step in registers"
+            b = LayoutBuilder().add("q_tile", (1, m, d), "float32", words).add("do_tile", (1, m, d), "float32", words)
+        else:
+            b = self._tf32_tile(LayoutBuilder(), "q_tile", (m, d))
+            b = self._tf32_tile(b, "do_tile", (m, d))
         return self._staged_tiles(b, "kv_tiles", "a key tile's K, V and K^T (K transposed: the B operand "
                                   "of dQ = dS K)", (3, self.parts, n, d)).build()
 

@@ -45,8 +45,8 @@
 //   kt_tile    [PARTS][D_PAD x BLOCK_N]   float  K^T, keys in natural order
 //   ds_tiles   [BLOCK_N / 64][PARTS][BLOCK_M x 64]  float  each warpgroup's dS, its keys as k
 //  then q_tiles and barriers as above) and as plan.BwdDqWgmmaConfig.layout:
-//   q_tile     [PARTS][BLOCK_M x D_PAD]   float
-//   do_tile    [PARTS][BLOCK_M x D_PAD]   float
+//   q_tile     [PARTS][BLOCK_M x D_PAD]   float  (3xTF32 from head dim 128: [1], float32 words
+//   do_tile    [PARTS][BLOCK_M x D_PAD]   float   in register A order, Q_IN_REGISTERS)
 //   kv_tiles   [STAGES][K: PARTS][BLOCK_N x D_PAD], [V: PARTS][BLOCK_N x D_PAD],
 //                      [K^T: PARTS][D_PAD x BLOCK_N]   float  a key tile as stage_keys_tf32<..., true>
 //                                                             writes it, copied whole (cp.async.bulk)
@@ -108,7 +108,12 @@ struct BwdFusedWgmmaLayout {
 template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
 struct BwdDqWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
-    static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4, TILE_M = PARTS * BLOCK_M * D_PAD * 4;
+    // 3xTF32 from head dim 128: Q and dO kept once as float32 in each lane's register A
+    // order (a_words_global) and split per k-step in registers (words_by_rows), half the
+    // bytes of two parts (as the forward keeps Q), so that larger tiles or a second stage fit.
+    static constexpr bool Q_IN_REGISTERS = Op::passes == 3 && D_PAD >= 128;
+    static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4;
+    static constexpr int TILE_M = (Q_IN_REGISTERS ? 1 : PARTS) * BLOCK_M * D_PAD * 4;
     static constexpr int STAGE_BYTES = 3 * TILE_N;  // a staged key tile: K, V, K^T (stage_keys_tf32)
     static constexpr int STAGES = stages_that_fit(2 * TILE_M, STAGE_BYTES, 1);
     static constexpr int q_tile = 0;
@@ -520,11 +525,18 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     if (threadIdx.x == 0)
         for (int tile = 0; tile < STAGES && tile < n_tiles; ++tile) fetch(tile);
 
-    // Q and dO, once, from global memory (zeros past the last row).
-    split_rows_global<PASSES, BLOCK_M, D_PAD, THREADS>(q_tile, Q_PART, q + qb.b * q_sb + qb.h * q_sh + m0 * q_ss,
-                                                       q_ss, seqlen_q - m0, head_dim);
-    split_rows_global<PASSES, BLOCK_M, D_PAD, THREADS>(
-        do_tile, Q_PART, dout + qb.b * do_sb + qb.h * do_sh + m0 * do_ss, do_ss, seqlen_q - m0, head_dim_v);
+    // Q and dO, once, from global memory (zeros past the last row): TF32 parts in
+    // core-matrix order, or (L::Q_IN_REGISTERS) float32 words in register A order.
+    const float* q_rows = q + qb.b * q_sb + qb.h * q_sh + m0 * q_ss;
+    const float* do_rows = dout + qb.b * do_sb + qb.h * do_sh + m0 * do_ss;
+    if constexpr (L::Q_IN_REGISTERS) {
+        a_words_global<BLOCK_M, D_PAD, THREADS>(q_tile, q_rows, q_ss, seqlen_q - m0, head_dim);
+        a_words_global<BLOCK_M, D_PAD, THREADS>(do_tile, do_rows, do_ss, seqlen_q - m0, head_dim_v);
+    } else {
+        split_rows_global<PASSES, BLOCK_M, D_PAD, THREADS>(q_tile, Q_PART, q_rows, q_ss, seqlen_q - m0, head_dim);
+        split_rows_global<PASSES, BLOCK_M, D_PAD, THREADS>(do_tile, Q_PART, do_rows, do_ss, seqlen_q - m0,
+                                                           head_dim_v);
+    }
 
     // This thread's rows (g and g + 8 of the warp): lse (base 2) and delta.
     float lse_log2[2], dlt[2];
@@ -541,6 +553,9 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     for (int c = 0; c < CHUNKS; ++c) zero_acc(dq_acc[0][c]);
     const unsigned q_addr = wg_smem_addr(q_tile) + wg * 8 * 128;  // the warpgroup's 8 row groups
     const unsigned do_addr = wg_smem_addr(do_tile) + wg * 8 * 128;
+    // L::Q_IN_REGISTERS: this lane's words of k-step 0 in its warp's 16 rows.
+    const float4* q_words = reinterpret_cast<const float4*>(q_tile) + warp * K_STEPS * 32 + lane;
+    const float4* do_words = reinterpret_cast<const float4*>(do_tile) + warp * K_STEPS * 32 + lane;
     fence_proxy_async();
     __syncthreads();  // Q's and dO's TF32 tiles written (and visible to wgmma)
 
@@ -566,8 +581,11 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
         if (CAUSAL && n0 > wg_row0 + 63 + causal_offset) continue;  // uniform per warpgroup
 
         float sdp[2][N_BLOCKS][4];  // S, dP
-        rows_by_rows<PASSES, 2, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(sdp, {q_addr, do_addr}, Q_PART * 4,
-                                                                    {k_addr, v_addr}, KV_PART * 4);
+        if constexpr (L::Q_IN_REGISTERS)
+            words_by_rows<2, BLOCK_N, K_STEPS, BLOCK_N>(sdp, {q_words, do_words}, {k_addr, v_addr}, KV_PART * 4);
+        else
+            rows_by_rows<PASSES, 2, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(sdp, {q_addr, do_addr}, Q_PART * 4,
+                                                                        {k_addr, v_addr}, KV_PART * 4);
         const bool needs_mask = warp_row0 + 16 > seqlen_q || n0 + BLOCK_N > seqlen_k ||
                                 (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
 #pragma unroll

@@ -147,7 +147,7 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
             const int r = i / (D_PAD / 4), c = i % (D_PAD / 4) * 4;  // coalesced: a row's chunks in turn
             float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (r < seqlen_q - m0 && c < head_dim) x = *reinterpret_cast<const float4*>(q + r * q_ss + c);
-            const int at = ((r / 16) * K_STEPS + c / 8) * 128 + (r % 8) * 16 + (r % 16) / 8 + (c % 8) / 4 * 2;
+            const int at = a_word_at<K_STEPS>(r, c);  // a_words_global's order (its loop, kept as measured)
             q_tile[at] = x.x;  // lane g * 4 + t holds column t: 4 consecutive columns, 4 lanes
             q_tile[at + 4] = x.y;
             q_tile[at + 8] = x.z;

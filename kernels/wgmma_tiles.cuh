@@ -11,7 +11,10 @@
 //    takes them, come from the staging launches: wgmma_staging.cuh, stage_operand)
 //   zero_transposed_rows  rows from some index on of a transposed tile, zeroed
 //   transpose_core_tile   a tile's transpose, words moved within shared memory
+//   a_words_global     float32 rows of global memory -> each lane's register A words of
+//                      every k-step, float32 (split into TF32 parts as they are used)
 //   rows_by_rows       d = A B^T, A 64 rows and B N rows of such tiles, in shared memory
+//   words_by_rows      the same (3xTF32), A from a_words_global's words through registers
 //   regs_by_transposed acc += A B, A in registers (from accumulators), B a transposed tile
 //
 // Register A operands come from m64nN accumulators: lane (g, t) holds columns 2t and
@@ -79,12 +82,48 @@ __device__ __forceinline__ void transpose_core_tile(float* dst, const float* src
     }
 }
 
+// R global rows (row stride `stride`, 16-byte aligned; zeros from row valid_rows and
+// column valid_cols on) as float32 in each lane's register A operand order: for each
+// 16-row warp slice and k-step, a 16-byte word a lane, [warp][k-step][lane][4], with
+// (row g, column t) at 0, (g + 8, t) at 1, (g, t + 4) at 2, (g + 8, t + 4) at 3 (wgmma.cuh's
+// A layout). Reads are coalesced (a row's chunks in turn). Half the bytes of two TF32
+// parts: 3xTF32 splits each word where it is used (words_by_rows).
+template <int K_STEPS>
+__device__ __forceinline__ int a_word_at(int r, int c) {  // row r, columns c..c+3 (c % 4 == 0): first word
+    return ((r / 16) * K_STEPS + c / 8) * 128 + (r % 8) * 16 + (r % 16) / 8 + (c % 8) / 4 * 2;
+}
+
+template <int R, int D_PAD, int THREADS>
+__device__ __forceinline__ void a_words_global(float* tile, const float* src, long long stride, int valid_rows,
+                                               int valid_cols) {
+    constexpr int K_STEPS = D_PAD / 8;
+#pragma unroll 1
+    for (int i = threadIdx.x; i < R * D_PAD / 4; i += THREADS) {
+        const int r = i / (D_PAD / 4), c = i % (D_PAD / 4) * 4;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < valid_rows && c < valid_cols) x = *reinterpret_cast<const float4*>(src + r * stride + c);
+        const int at = a_word_at<K_STEPS>(r, c);
+        tile[at] = x.x;  // lane g * 4 + t holds column t: 4 consecutive columns, 4 lanes
+        tile[at + 4] = x.y;
+        tile[at + 8] = x.z;
+        tile[at + 12] = x.w;
+    }
+}
+
 template <int NB>
 __device__ __forceinline__ void zero_acc(float (&d)[NB][4]) {
 #pragma unroll
     for (int j = 0; j < NB; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) d[j][e] = 0.0f;
+}
+
+template <int NB>
+__device__ __forceinline__ void add_acc(float (&d)[NB][4], const float (&x)[NB][4]) {  // d += x
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[j][e] += x[j][e];
 }
 
 // d[p] = A_p B_p^T for NP products of the same shape, over K_STEPS k-steps of 8: A_p the
@@ -125,10 +164,7 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 #pragma unroll
                 for (int p = 0; p < NP; ++p) {
                     fence_operand(step[(ks + 1) % 2][p]);
-#pragma unroll
-                    for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) d[p][j][e] += step[(ks + 1) % 2][p][j][e];
+                    add_acc(d[p], step[(ks + 1) % 2][p]);
                 }
             }
         }
@@ -136,10 +172,7 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
             fence_operand(step[(K_STEPS - 1) % 2][p]);
-#pragma unroll
-            for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) d[p][j][e] += step[(K_STEPS - 1) % 2][p][j][e];
+            add_acc(d[p], step[(K_STEPS - 1) % 2][p]);
         }
     } else {
         wgmma_fence();
@@ -164,6 +197,61 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 }
 
 // The register A operand of the k-step at accumulator block kb (slot order above).
+// rows_by_rows in 3xTF32 with each A_p from this warp's words of a_words_global's
+// tile (a_words[p]: this lane's word of k-step 0; k-step ks at a_words[p][ks * 32]),
+// split into TF32 parts per k-step in registers as store_parts splits them, so the
+// products, their order and the adds are rows_by_rows's. The next k-step's words are
+// loaded while the last one's products run (two sets alternate, as the accumulators).
+template <int NP, int N, int K_STEPS, int B_ROWS>
+__device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const float4* const (&a_words)[NP],
+                                              const unsigned (&b_addr)[NP], unsigned b_part) {
+    using Wg = WgmmaTf32<N>;
+    constexpr unsigned B_STEP = 2 * (B_ROWS / 8) * 128;  // bytes per k-step
+#pragma unroll
+    for (int p = 0; p < NP; ++p) zero_acc(d[p]);
+    float step[2][NP][N / 8][4];
+    Tf32Words<3, 4> a[2][NP];
+#pragma unroll
+    for (int ks = 0; ks < K_STEPS; ++ks) {
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+            const float4 x = a_words[p][ks * 32];
+            a[ks % 2][p].set(0, x.x);
+            a[ks % 2][p].set(1, x.y);
+            a[ks % 2][p].set(2, x.z);
+            a[ks % 2][p].set(3, x.w);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+            const unsigned b = b_addr[p] + ks * B_STEP;
+            const auto b_big = wgmma_desc<B_ROWS>(b), b_small = wgmma_desc<B_ROWS>(b + b_part);
+            Wg::template rs<false>(step[ks % 2][p], a[ks % 2][p].small, b_big);
+            Wg::template rs<true>(step[ks % 2][p], a[ks % 2][p].big, b_small);
+            Wg::template rs<true>(step[ks % 2][p], a[ks % 2][p].big, b_big);
+        }
+        wgmma_commit();
+        if (ks > 0) {
+            wgmma_wait<1>();
+#pragma unroll
+            for (int p = 0; p < NP; ++p) {
+                fence_operand(step[(ks + 1) % 2][p]);
+                fence_operand(a[(ks + 1) % 2][p].big);  // the last k-step's A words, read by now
+                fence_operand(a[(ks + 1) % 2][p].small);
+                add_acc(d[p], step[(ks + 1) % 2][p]);
+            }
+        }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+        fence_operand(step[(K_STEPS - 1) % 2][p]);
+        fence_operand(a[(K_STEPS - 1) % 2][p].big);
+        fence_operand(a[(K_STEPS - 1) % 2][p].small);
+        add_acc(d[p], step[(K_STEPS - 1) % 2][p]);
+    }
+}
+
 template <int PASSES, int NB>
 __device__ __forceinline__ void a_words(Tf32Words<PASSES, 4> (&a)[NB], const float (&x)[NB][4]) {
 #pragma unroll

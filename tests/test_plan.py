@@ -461,11 +461,17 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert tiles(plans("tf32", 64)) == [("wgmma", (32, 192, 12)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("fp32", 64)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("tf32", 128)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
-    assert tiles(plans("fp32", 128)) == [("wgmma", (16, 64, 4)), ("wgmma", (64, 16, 4))]
+    # "fp32" dQ from head dim 128 keeps Q and dO as float32 words: 8-warp tiles fit.
+    assert tiles(plans("fp32", 128)) == [("wgmma", (16, 64, 4)), ("wgmma", (128, 32, 8))]
     # At head dim 256 two warpgroups share 64 keys, each with half of dK's and dV's columns.
     dkdv, dq = plans("tf32", 256)
     assert isinstance(dkdv, WgmmaConfig) and dkdv.d_split == 2 and isinstance(dq, BwdDqWgmmaConfig)
-    assert not any(isinstance(c, MmaConfig) for c in plans("fp32", 256))
+    # "fp32" at 256: dK/dV on FFMA, dQ on wgmma (Q and dO as float32 words: 64 KiB each).
+    dkdv, dq = plans("fp32", 256)
+    assert not isinstance(dkdv, MmaConfig) and tiles([dq]) == [("wgmma", (64, 16, 4))]
+    assert dq.q_in_registers and dq.layout["q_tile"].shape == (1, 64, 256) and dq.stages == 1
+    assert not BwdDqWgmmaConfig("float32", "fp32", 112, 64, 16, 4, False).q_in_registers
+    assert not BwdDqWgmmaConfig("float32", "tf32", 256, 64, 16, 4, False).q_in_registers
     # Blocks that stream fewer than WGMMA_BACKWARD_MIN_ROWS rows (half when causal): mma.sync first.
     assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, batch=1, seqlen=512))
     assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=512))
