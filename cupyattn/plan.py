@@ -659,10 +659,23 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
                                   "(transposed: the B operands of dK = dS^T Q and dV = P^T dO), then "
                                   "lse * log2(e) and delta per row", (4 * self.parts * m * d + 2 * m,)).build()
 
+    KV_IN_REGISTERS_FROM: ClassVar[int] = 128  # kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::KV_IN_REGISTERS
+
+    @property
+    def kv_in_registers(self) -> bool:
+        """3xTF32 from head dim 128: K and V kept once as float32 and split per k-step in
+        registers (the register A operands of S^T = K Q^T and dP^T = V dO^T), as the dQ
+        pass keeps Q and dO: half the bytes of two parts."""
+        return self.precision == "fp32" and self.head_dim_pad >= self.KV_IN_REGISTERS_FROM
+
     def _kept_tiles(self) -> LayoutBuilder:
         """The tiles a block keeps, before the staged query tiles."""
-        b = self._tf32_tile(LayoutBuilder(), "k_tile", (self.block_n, self.head_dim_pad))
-        return self._tf32_tile(b, "v_tile", (self.block_n, self.head_dim_pad))
+        n, d = self.block_n, self.head_dim_pad
+        if self.kv_in_registers:
+            words = "float32 in each lane's wgmma A-register order, split into TF32 parts per k-step in registers"
+            return LayoutBuilder().add("k_tile", (1, n, d), "float32", words).add("v_tile", (1, n, d), "float32", words)
+        b = self._tf32_tile(LayoutBuilder(), "k_tile", (n, d))
+        return self._tf32_tile(b, "v_tile", (n, d))
 
     @property
     def staging(self) -> StagingConfig:
@@ -685,6 +698,10 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
             return "12 warps leave 168 registers a lane: spills in 3xTF32 from head dim 32, else from 112"
         if self.precision == "fp32" and self.block_m == 64 and self.head_dim_pad >= 64:
             return "3xTF32 with 64-query tiles spills from head dim 64"
+        # K and V words (kv_in_registers) take a k-step's A operands in registers too: at
+        # 128-192 (NVRTC 13.5) (32,64,4) at 128 spilled 276 bytes, (16,64,4) at 192 992.
+        if self.kv_in_registers and self.head_dim_pad // self.d_split + 2 * self.block_m > 160:
+            return "3xTF32 with K and V words spills where head_dim / d_split + 2 x block_m > 160"
         if self.block_m == 32 and self.head_dim_pad // self.d_split >= 192:
             return "32-query tiles spill from 192 head-dim columns a warpgroup"
         return None
@@ -699,6 +716,7 @@ class BwdFusedWgmmaConfig(BwdDkdvWgmmaConfig):
 
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_fused_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::BwdFusedWgmmaLayout"
+    kv_in_registers: ClassVar[bool] = False  # K's core-matrix tile is transposed into K^T
 
     @property
     def valid(self) -> bool:  # dQ^T's wgmma rows: 64 head-dim rows each; a warpgroup's dS, all of dK's columns
@@ -1111,7 +1129,9 @@ FWD_WGMMA_FIRST = {
 # 7.15; D=128 (32,128,8) 13.55 < (16,128,8) 14.48; "fp32" D=64 (32,128,8) 15.72 <
 # (16,128,8) 16.91; dQ "tf32" D=64 (128,32,8) 6.73 < (256,32,16) 6.88 < (192,32,12) 7.34;
 # D=128 (128,64,8) 13.68 ~ (128,32,8) 13.81 < (64,16,4) 14.51; "fp32" D=64 (128,32,8)
-# 15.63 < (64,16,4) 17.25; D=128 (64,32,4) 46.29 ~ (64,16,4) 46.46.
+# 15.63 < (64,16,4) 17.25; D=128 (64,32,4) 46.29 ~ (64,16,4) 46.46; with Q and dO as float32
+# words (thirteenth session) D=128 (128,32,8) 35.51 < (128,16,8) 36.77 < (64,32,4) 41.21 <
+# (64,16,4) 43.37, and D=256 (64,16,4) 300.01 (the only tile that fits).
 # (16,64,8) and (32,64,8), d_split 2 (compiled for sm_90a without spills at every head
 # dim 32-256 a multiple of 32 where they fit, causal and not, 64-219 registers): the
 # only wgmma dK/dV tiles above head dim 208. Timed (eleventh session, whole backward
@@ -1120,6 +1140,12 @@ FWD_WGMMA_FIRST = {
 # there); where other tiles fit they are slower: "tf32" D=128 causal (32,64,8) 9.74 and
 # (16,64,8) 12.05 against (32,128,8) 7.72; "fp32" D=128 (16,64,8) 55.14 against
 # (16,64,4) 47.15. Last in the list, so planned only above head dim 208.
+# "fp32" from head dim 128 keeps K and V as float32 words (BwdDkdvWgmmaConfig.kv_in_registers:
+# half their bytes), so 8-warp tiles fit at 128 and (16,64,8) at 160-224; same sweep
+# (thirteenth session, whole backward ms): D=128 (16,128,8) 29.63 < (32,64,8) 33.92 <
+# (16,64,4) 38.54 < (16,64,8) 43.95 (main's (16,64,4) with two parts: 35.2-35.6 in the same
+# session's A/B). At 64 the words measured no faster (A/B 14.11 vs 14.11, causal 7.65 vs
+# 7.83: its (32,128,8) got a second stage only), so they start at 128 as dQ's do.
 BWD_DKDV_WGMMA_TILES = (
     (32, 256, 16),
     (32, 192, 12),

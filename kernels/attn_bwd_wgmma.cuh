@@ -13,7 +13,8 @@
 // attn_bwd_dkdv_wgmma: a block owns BLOCK_N keys of one key/value head, 64 per
 //   warpgroup, or 64 per pair of warpgroups that each keep half of dK's and dV's
 //   columns (D_SPLIT = 2, where one warpgroup's registers do not hold them; both compute
-//   S^T and dP^T); K and V stay in shared memory (split once); Q and dO tiles of BLOCK_M
+//   S^T and dP^T); K and V stay in shared memory (split once, or in 3xTF32 from head dim
+//   128 as float32 words split per k-step in registers); Q and dO tiles of BLOCK_M
 //   query rows stream over every query head of the GQA group:
 //     S^T  = K Q^T,  dP^T = V dO^T                 (both operands in shared memory)
 //     P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T * (dP^T - delta)
@@ -35,8 +36,8 @@
 //
 // Shared memory, PARTS = 2 (big, small) for 3xTF32, else 1; names and order as
 // plan.BwdDkdvWgmmaConfig.layout:
-//   k_tile     [PARTS][BLOCK_N x D_PAD]   float  core matrices (wgmma.cuh)
-//   v_tile     [PARTS][BLOCK_N x D_PAD]   float
+//   k_tile     [PARTS][BLOCK_N x D_PAD]   float  core matrices (wgmma.cuh); 3xTF32 from head dim 128:
+//   v_tile     [PARTS][BLOCK_N x D_PAD]   float   [1], float32 words in register A order (KV_IN_REGISTERS)
 //   q_tiles    [STAGES][Q: PARTS][BLOCK_M x D_PAD], [dO: ...], [Q^T: PARTS][D_PAD x BLOCK_M],
 //                      [dO^T: ...], [lse * log2(e): BLOCK_M], [delta: BLOCK_M]   a query tile as
 //                      stage_queries_tf32 writes it (transposed: query slots permuted)
@@ -65,17 +66,23 @@ template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
 struct BwdDkdvWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
     static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4, TILE_M = PARTS * BLOCK_M * D_PAD * 4;
+    // 3xTF32 from head dim 128: K and V kept once as float32 in each lane's register A
+    // order (a_words_global) and split per k-step in registers (words_by_rows), half the
+    // bytes of two parts (as the dQ pass keeps Q and dO), so that a second stage or more
+    // keys fit.
+    static constexpr bool KV_IN_REGISTERS = Op::passes == 3 && D_PAD >= 128;
+    static constexpr int TILE_KV = KV_IN_REGISTERS ? BLOCK_N * D_PAD * 4 : TILE_N;  // K's (V's) bytes
     // A staged query tile: Q, dO, Q^T, dO^T, then lse * log2(e) and delta per row (stage_queries_tf32).
     static constexpr int STAGE_BYTES = 4 * TILE_M + 2 * BLOCK_M * 4;
-    static constexpr int STAGES = stages_that_fit(2 * TILE_N, STAGE_BYTES, 1);
+    static constexpr int STAGES = stages_that_fit(2 * TILE_KV, STAGE_BYTES, 1);
     // One stage: its halves (Q, dO | Q^T, dO^T, lse, delta) land apart, each with its own
     // barrier, so that one half copies while the other is in use (dkdv_wgmma).
     static constexpr bool SPLIT_STAGE = STAGES == 1;
     static constexpr int ROWS_HALF = 2 * TILE_M;  // Q and dO: the bytes of a stage's first half
     static constexpr int BARRIER_COUNT = SPLIT_STAGE ? 2 : STAGES;
     static constexpr int k_tile = 0;
-    static constexpr int v_tile = k_tile + TILE_N;
-    static constexpr int q_tiles = v_tile + TILE_N;
+    static constexpr int v_tile = k_tile + TILE_KV;
+    static constexpr int q_tiles = v_tile + TILE_KV;
     static constexpr int barriers = q_tiles + STAGES * STAGE_BYTES;
     static constexpr int total = barriers + BARRIER_COUNT * 8;
     static constexpr int num_buffers = 4;
@@ -88,6 +95,7 @@ template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
 struct BwdFusedWgmmaLayout {
     using Dkdv = BwdDkdvWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>;  // its tiles and staged query tile
     static constexpr int PARTS = Dkdv::PARTS, TILE_N = Dkdv::TILE_N, TILE_M = Dkdv::TILE_M;
+    static constexpr bool KV_IN_REGISTERS = false;  // K's core-matrix tile is transposed into K^T
     static constexpr int STAGE_BYTES = Dkdv::STAGE_BYTES;
     static constexpr int DS_TILE = PARTS * BLOCK_M * 64 * 4;  // one warpgroup's dS
     static constexpr int k_tile = 0;
@@ -284,10 +292,17 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // which is 0 there, and NaN or inf in such a key must not reach dQ through 0 * NaN
     // (S^T and dP^T select; dK and dV of such a key are 0 either way).
     const int k_rows = FUSED && CAUSAL ? min(seqlen_k, max(0, seqlen_q + causal_offset)) : seqlen_k;
-    split_rows_global<PASSES, BLOCK_N, D_PAD, THREADS>(k_tile, KV_PART, k + b * k_sb + h_kv * k_sh + n0 * k_ss,
-                                                       k_ss, k_rows - n0, head_dim);
-    split_rows_global<PASSES, BLOCK_N, D_PAD, THREADS>(v_tile, KV_PART, v + b * v_sb + h_kv * v_sh + n0 * v_ss,
-                                                       v_ss, seqlen_k - n0, head_dim_v);
+    // TF32 parts in core-matrix order, or (L::KV_IN_REGISTERS) float32 words in register A order.
+    const float* k_rows_at = k + b * k_sb + h_kv * k_sh + n0 * k_ss;
+    const float* v_rows_at = v + b * v_sb + h_kv * v_sh + n0 * v_ss;
+    if constexpr (L::KV_IN_REGISTERS) {
+        a_words_global<BLOCK_N, D_PAD, THREADS>(k_tile, k_rows_at, k_ss, k_rows - n0, head_dim);
+        a_words_global<BLOCK_N, D_PAD, THREADS>(v_tile, v_rows_at, v_ss, seqlen_k - n0, head_dim_v);
+    } else {
+        split_rows_global<PASSES, BLOCK_N, D_PAD, THREADS>(k_tile, KV_PART, k_rows_at, k_ss, k_rows - n0, head_dim);
+        split_rows_global<PASSES, BLOCK_N, D_PAD, THREADS>(v_tile, KV_PART, v_rows_at, v_ss, seqlen_k - n0,
+                                                           head_dim_v);
+    }
 
     // Work items: (query head of the group, query tile), query tiles that can see a key
     // of this block only (causal: from n0 - causal_offset on). Q, dO (and lse, delta)
@@ -335,6 +350,9 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         for (int c = 0; c < CHUNKS; ++c) zero_acc(acc[p][c]);
     const unsigned k_addr = wg_smem_addr(k_tile) + key_wg * 8 * 128;  // the warpgroup's 8 row groups
     const unsigned v_addr = wg_smem_addr(v_tile) + key_wg * 8 * 128;
+    // L::KV_IN_REGISTERS: this lane's words of k-step 0 in its warp's 16 keys.
+    const float4* k_words = reinterpret_cast<const float4*>(k_tile) + (key_wg * 4 + warp % 4) * K_STEPS * 32 + lane;
+    const float4* v_words = reinterpret_cast<const float4*>(v_tile) + (key_wg * 4 + warp % 4) * K_STEPS * 32 + lane;
     const unsigned col_bytes = col0 / 8 * 128;  // its columns' core matrices in a transposed tile
     fence_proxy_async();
     __syncthreads();  // K's and V's TF32 tiles (and K^T) written (and visible to wgmma)
@@ -368,8 +386,11 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
 
         float sdp[2][M_BLOCKS][4];  // S^T, dP^T
         mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
-        rows_by_rows<PASSES, 2, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(sdp, {k_addr, v_addr}, KV_PART * 4,
-                                                                    {q_addr, do_addr}, Q_PART * 4);
+        if constexpr (L::KV_IN_REGISTERS)
+            words_by_rows<2, BLOCK_M, K_STEPS, BLOCK_M>(sdp, {k_words, v_words}, {q_addr, do_addr}, Q_PART * 4);
+        else
+            rows_by_rows<PASSES, 2, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(sdp, {k_addr, v_addr}, KV_PART * 4,
+                                                                        {q_addr, do_addr}, Q_PART * 4);
         if constexpr (L::SPLIT_STAGE) {
             __syncthreads();  // every warpgroup is done with Q and dO
             if (threadIdx.x == 0 && item + 1 < n_items) fetch_rows(item + 1);

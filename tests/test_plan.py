@@ -444,7 +444,7 @@ def test_wgmma_forward_layout_holds_tf32_parts_and_staged_key_tiles():
 
 
 def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measured_faster():
-    from cupyattn.plan import BwdDqWgmmaConfig, WgmmaConfig
+    from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, BwdFusedWgmmaConfig, WgmmaConfig
 
     def plans(precision, d, device="h200", dtype="float32", batch=4, seqlen=4096, causal=False):
         problem = AttentionProblem(dtype, d, d, causal, batch, 16, 16, seqlen, seqlen,
@@ -461,8 +461,20 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert tiles(plans("tf32", 64)) == [("wgmma", (32, 192, 12)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("fp32", 64)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("tf32", 128)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
-    # "fp32" dQ from head dim 128 keeps Q and dO as float32 words: 8-warp tiles fit.
-    assert tiles(plans("fp32", 128)) == [("wgmma", (16, 64, 4)), ("wgmma", (128, 32, 8))]
+    # "fp32" from head dim 128: dQ keeps Q and dO as float32 words, dK/dV K and V: 8-warp
+    # tiles fit in both.
+    assert tiles(plans("fp32", 128)) == [("wgmma", (16, 128, 8)), ("wgmma", (128, 32, 8))]
+    dkdv, _ = plans("fp32", 128)
+    assert dkdv.kv_in_registers and dkdv.layout["k_tile"].shape == (1, 128, 128) and dkdv.stages == 1
+    assert "A-register order" in dkdv.layout["v_tile"].note and dkdv.layout["barriers"].shape == (1, 2)
+    assert not BwdDkdvWgmmaConfig("float32", "fp32", 112, 32, 128, 8, False).kv_in_registers
+    assert not BwdDkdvWgmmaConfig("float32", "tf32", 128, 32, 128, 8, False).kv_in_registers
+    assert not BwdFusedWgmmaConfig("float32", "fp32", 128, 32, 64, 4, False).kv_in_registers
+    # At 192 (d_split 2) a 3xTF32 dK/dV tile fits only with K and V as words.
+    dkdv, _ = plans("fp32", 192)
+    assert tiles([dkdv]) == [("wgmma", (16, 64, 8))] and dkdv.d_split == 2 and dkdv.kv_in_registers
+    # The words' register rule: (32,64,4) at 128 spilled.
+    assert BwdDkdvWgmmaConfig("float32", "fp32", 128, 32, 64, 4, False).register_reason((9, 0))
     # At head dim 256 two warpgroups share 64 keys, each with half of dK's and dV's columns.
     dkdv, dq = plans("tf32", 256)
     assert isinstance(dkdv, WgmmaConfig) and dkdv.d_split == 2 and isinstance(dq, BwdDqWgmmaConfig)

@@ -220,7 +220,7 @@ WGMMA_BACKWARD_TILES = ([("dkdv", t) for t in BWD_DKDV_WGMMA_TILES] + [("dq", t)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
-@pytest.mark.parametrize("D", [40, 64, 128, 256])
+@pytest.mark.parametrize("D", [40, 64, 128, 160, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kind,tile", WGMMA_BACKWARD_TILES, ids=[f"{k}-{m}x{n}x{w}" for k, (m, n, w) in
                                                                   WGMMA_BACKWARD_TILES])
