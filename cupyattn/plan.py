@@ -655,9 +655,24 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
         d, m = self.head_dim_pad, self.block_m
+        if self.ring:
+            return self._kept_tiles().add(
+                "q_tiles", (3, self.parts * m * d + 2 * m), "float32", "a ring of 3 slots of one operand tile each, "
+                f"through which a query tile's dO, Q, dO^T (with lse * log2(e) and delta per row) and Q^T pass in "
+                f"turn, each slot refilled once its tile is used; {self._parts_text} in core-matrix order, copied "
+                f"(cp.async.bulk) from {self.staging.kernel_name}'s tiles").add(
+                "barriers", (1, 3), "uint64", "mbarriers: a ring slot's tile has landed").build()
         return self._staged_tiles(self._kept_tiles(), "q_tiles", "a query tile's Q, dO, Q^T and dO^T "
                                   "(transposed: the B operands of dK = dS^T Q and dV = P^T dO), then "
                                   "lse * log2(e) and delta per row", (4 * self.parts * m * d + 2 * m,)).build()
+
+    @property
+    def ring(self) -> bool:
+        """Where K and V are float32 words and not even one staged query tile fits beside
+        them (3xTF32 at head dim 256): its four operand tiles stream through a ring of
+        three slots (kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::RING)."""
+        return (self.kv_in_registers
+                and self._kept_tiles().end + self.staging.tile_bytes + 2 * 8 > SM90_SMEM_PER_BLOCK)
 
     KV_IN_REGISTERS_FROM: ClassVar[int] = 128  # kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::KV_IN_REGISTERS
 
@@ -1146,6 +1161,10 @@ FWD_WGMMA_FIRST = {
 # (16,64,4) 38.54 < (16,64,8) 43.95 (main's (16,64,4) with two parts: 35.2-35.6 in the same
 # session's A/B). At 64 the words measured no faster (A/B 14.11 vs 14.11, causal 7.65 vs
 # 7.83: its (32,128,8) got a second stage only), so they start at 128 as dQ's do.
+# "fp32" at 256 (fourteenth session): (16,64,8) with its query tiles through a ring of
+# three slots (BwdDkdvWgmmaConfig.ring; no whole staged tile fits beside K and V's words),
+# where FFMA ran before: A/B in one call, whole backward 300.16 -> 108.08 ms, causal
+# 165.76 -> 55.94 (B=4, H=16, S=4096).
 BWD_DKDV_WGMMA_TILES = (
     (32, 256, 16),
     (32, 192, 12),

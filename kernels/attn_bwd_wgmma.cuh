@@ -40,8 +40,10 @@
 //   v_tile     [PARTS][BLOCK_N x D_PAD]   float   [1], float32 words in register A order (KV_IN_REGISTERS)
 //   q_tiles    [STAGES][Q: PARTS][BLOCK_M x D_PAD], [dO: ...], [Q^T: PARTS][D_PAD x BLOCK_M],
 //                      [dO^T: ...], [lse * log2(e): BLOCK_M], [delta: BLOCK_M]   a query tile as
-//                      stage_queries_tf32 writes it (transposed: query slots permuted)
-//   barriers   [STAGES], one stage: [2]   mbarrier  (a stage, or one stage's two halves: Q, dO | the rest)
+//                      stage_queries_tf32 writes it (transposed: query slots permuted);
+//                      where one stage does not fit (RING): [3][one operand tile, lse, delta]
+//   barriers   [STAGES], one stage: [2], ring: [3]   mbarrier  (a stage, one stage's two halves:
+//                      Q, dO | the rest, or a ring slot)
 // (plan.BwdFusedWgmmaConfig.layout: k_tile, v_tile, then
 //   kt_tile    [PARTS][D_PAD x BLOCK_N]   float  K^T, keys in natural order
 //   ds_tiles   [BLOCK_N / 64][PARTS][BLOCK_M x 64]  float  each warpgroup's dS, its keys as k
@@ -73,17 +75,24 @@ struct BwdDkdvWgmmaLayout {
     static constexpr bool KV_IN_REGISTERS = Op::passes == 3 && D_PAD >= 128;
     static constexpr int TILE_KV = KV_IN_REGISTERS ? BLOCK_N * D_PAD * 4 : TILE_N;  // K's (V's) bytes
     // A staged query tile: Q, dO, Q^T, dO^T, then lse * log2(e) and delta per row (stage_queries_tf32).
-    static constexpr int STAGE_BYTES = 4 * TILE_M + 2 * BLOCK_M * 4;
+    static constexpr int ROWWISE_BYTES = 2 * BLOCK_M * 4;
+    static constexpr int STAGE_BYTES = 4 * TILE_M + ROWWISE_BYTES;
     static constexpr int STAGES = stages_that_fit(2 * TILE_KV, STAGE_BYTES, 1);
+    // Where not even one stage fits beside K and V (3xTF32 at head dim 256): a ring of
+    // three slots of one operand tile each, through which an item's dO, Q, dO^T (with lse
+    // and delta) and Q^T pass in turn, each slot refilled once its last tile is used
+    // (dkdv_wgmma): three quarters of a stage's bytes.
+    static constexpr bool RING = KV_IN_REGISTERS && 2 * TILE_KV + STAGE_BYTES + 2 * 8 > SM90_SMEM_PER_BLOCK;
+    static constexpr int RING_SLOTS = 3, RING_SLOT = TILE_M + ROWWISE_BYTES;
     // One stage: its halves (Q, dO | Q^T, dO^T, lse, delta) land apart, each with its own
     // barrier, so that one half copies while the other is in use (dkdv_wgmma).
-    static constexpr bool SPLIT_STAGE = STAGES == 1;
+    static constexpr bool SPLIT_STAGE = STAGES == 1 && !RING;
     static constexpr int ROWS_HALF = 2 * TILE_M;  // Q and dO: the bytes of a stage's first half
-    static constexpr int BARRIER_COUNT = SPLIT_STAGE ? 2 : STAGES;
+    static constexpr int BARRIER_COUNT = RING ? RING_SLOTS : SPLIT_STAGE ? 2 : STAGES;
     static constexpr int k_tile = 0;
     static constexpr int v_tile = k_tile + TILE_KV;
     static constexpr int q_tiles = v_tile + TILE_KV;
-    static constexpr int barriers = q_tiles + STAGES * STAGE_BYTES;
+    static constexpr int barriers = q_tiles + (RING ? RING_SLOTS * RING_SLOT : STAGES * STAGE_BYTES);
     static constexpr int total = barriers + BARRIER_COUNT * 8;
     static constexpr int num_buffers = 4;
     static constexpr int offsets[num_buffers] = {k_tile, v_tile, q_tiles, barriers};
@@ -97,6 +106,8 @@ struct BwdFusedWgmmaLayout {
     static constexpr int PARTS = Dkdv::PARTS, TILE_N = Dkdv::TILE_N, TILE_M = Dkdv::TILE_M;
     static constexpr bool KV_IN_REGISTERS = false;  // K's core-matrix tile is transposed into K^T
     static constexpr int STAGE_BYTES = Dkdv::STAGE_BYTES;
+    static constexpr bool RING = false;  // (no tile that needs it fits beside K^T)
+    static constexpr int RING_SLOT = 0;
     static constexpr int DS_TILE = PARTS * BLOCK_M * 64 * 4;  // one warpgroup's dS
     static constexpr int k_tile = 0;
     static constexpr int v_tile = k_tile + TILE_N;
@@ -132,6 +143,12 @@ struct BwdDqWgmmaLayout {
     static constexpr int num_buffers = 4;
     static constexpr int offsets[num_buffers] = {q_tile, do_tile, kv_tiles, barriers};
 };
+
+// x as an array of one (a product of NP = 1 out of an array of NP = 2).
+template <typename T>
+__device__ __forceinline__ T (&just_one(T& x))[1] {
+    return reinterpret_cast<T(&)[1]>(x);
+}
 
 // Write a warpgroup's 64-row accumulator (CHUNKS x CN columns) times `scale`: this
 // lane's rows g and g + 8 of its warp's 16, from row 0 of dst, rows [0, valid_rows)
@@ -329,9 +346,30 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     auto fetch_rows = [&](int item) { copy(item, 0, L::ROWS_HALF, &barriers[0]); };
     auto fetch_transposed = [&](int item) { copy(item, L::ROWS_HALF, L::STAGE_BYTES, &barriers[1]); };
     auto fetch = [&](int item) { copy(item, 0, L::STAGE_BYTES, &barriers[item % STAGES]); };
+    // L::RING: an item's tiles r = 0..3 (dO, Q, dO^T with lse and delta, Q^T) are the ring's
+    // tiles 4 item + r, tile i in slot i % 3 on that slot's barrier (phase i / 3). Tile i
+    // is fetched once tile i - 3 is used: dO^T and Q when an item begins (the last item's
+    // dK done), Q^T and the next item's dO once S^T and dP^T are. dP^T (dO) goes first, so
+    // that Q lands while it runs; dV (dO^T) before dK, so that Q^T lands while it runs.
+    auto ring_slot = [&](int i) { return q_tiles + i % L::RING_SLOTS * L::RING_SLOT; };
+    auto ring_fetch = [&](int item, int r) {
+        constexpr int TILE_M = L::TILE_M;
+        const int from = r == 0 ? TILE_M : r == 1 ? 0 : r == 2 ? 3 * TILE_M : 2 * TILE_M;  // in the staged tile
+        const long long tile = (long long)(item / m_tiles) * n_q_tiles + item % m_tiles;
+        const int i = 4 * item + r;
+        bulk_copy_to_shared(ring_slot(i), staged + tile * L::STAGE_BYTES + from,
+                            r == 2 ? TILE_M + L::ROWWISE_BYTES : TILE_M, &barriers[i % L::RING_SLOTS]);
+    };
+    auto ring_wait = [&](int item, int r) {
+        const int i = 4 * item + r;
+        mbarrier_wait(&barriers[i % L::RING_SLOTS], i / L::RING_SLOTS % 2);
+    };
     init_mbarriers<L::BARRIER_COUNT>(barriers);  // (a block barrier: K's tile is written)
     if (threadIdx.x == 0) {
-        if constexpr (L::SPLIT_STAGE) {
+        if constexpr (L::RING) {
+            if (n_items > 0)
+                for (int r = 0; r < 3; ++r) ring_fetch(0, r);
+        } else if constexpr (L::SPLIT_STAGE) {
             if (n_items > 0) {
                 fetch_rows(0);
                 fetch_transposed(0);
@@ -362,7 +400,12 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             // Every warpgroup is done with the last item's stage (one stage: its second
             // half) and its dS.
             __syncthreads();
-            if constexpr (L::SPLIT_STAGE) {
+            if constexpr (L::RING) {
+                if (threadIdx.x == 0) {
+                    ring_fetch(item, 1);
+                    ring_fetch(item, 2);
+                }
+            } else if constexpr (L::SPLIT_STAGE) {
                 if (threadIdx.x == 0) fetch_transposed(item);
             } else {
                 if (threadIdx.x == 0 && item - 1 + STAGES < n_items) fetch(item - 1 + STAGES);
@@ -376,21 +419,42 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         // first warpgroup always adds: every item sees the block's first key, so each
         // copy is waited for before the next is issued.
         const bool idle = wg_key0 >= seqlen_k || (CAUSAL && wg_key0 > m0 + BLOCK_M - 1 + causal_offset);
-        if (!L::SPLIT_STAGE && idle) continue;
+        if (!L::SPLIT_STAGE && !L::RING && idle) continue;
         const int stage = item % STAGES;
         unsigned char* tiles = q_tiles + stage * L::STAGE_BYTES;
-        const unsigned q_addr = wg_smem_addr(tiles), do_addr = q_addr + L::TILE_M;
-        const unsigned qt_addr = q_addr + 2 * L::TILE_M + col_bytes, dot_addr = q_addr + 3 * L::TILE_M + col_bytes;
+        unsigned q_addr = wg_smem_addr(tiles), do_addr = q_addr + L::TILE_M;
+        unsigned qt_addr = q_addr + 2 * L::TILE_M + col_bytes, dot_addr = q_addr + 3 * L::TILE_M + col_bytes;
         const float* lse_tile = reinterpret_cast<const float*>(tiles + 4 * L::TILE_M);
+        if constexpr (L::RING) {
+            do_addr = wg_smem_addr(ring_slot(4 * item));
+            q_addr = wg_smem_addr(ring_slot(4 * item + 1));
+            dot_addr = wg_smem_addr(ring_slot(4 * item + 2)) + col_bytes;
+            qt_addr = wg_smem_addr(ring_slot(4 * item + 3)) + col_bytes;
+            lse_tile = reinterpret_cast<const float*>(ring_slot(4 * item + 2) + L::TILE_M);
+        }
         const float* delta_tile = lse_tile + BLOCK_M;
 
         float sdp[2][M_BLOCKS][4];  // S^T, dP^T
-        mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
-        if constexpr (L::KV_IN_REGISTERS)
-            words_by_rows<2, BLOCK_M, K_STEPS, BLOCK_M>(sdp, {k_words, v_words}, {q_addr, do_addr}, Q_PART * 4);
-        else
-            rows_by_rows<PASSES, 2, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(sdp, {k_addr, v_addr}, KV_PART * 4,
-                                                                        {q_addr, do_addr}, Q_PART * 4);
+        if constexpr (L::RING) {
+            ring_wait(item, 0);
+            words_by_rows<1, BLOCK_M, K_STEPS, BLOCK_M>(just_one(sdp[1]), {v_words}, {do_addr}, Q_PART * 4);
+            ring_wait(item, 1);
+            words_by_rows<1, BLOCK_M, K_STEPS, BLOCK_M>(just_one(sdp[0]), {k_words}, {q_addr}, Q_PART * 4);
+            __syncthreads();  // every warpgroup is done with dO and Q
+            if (threadIdx.x == 0) {
+                ring_fetch(item, 3);
+                if (item + 1 < n_items) ring_fetch(item + 1, 0);
+            }
+            if (idle) continue;
+            ring_wait(item, 2);
+        } else {
+            mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
+            if constexpr (L::KV_IN_REGISTERS)
+                words_by_rows<2, BLOCK_M, K_STEPS, BLOCK_M>(sdp, {k_words, v_words}, {q_addr, do_addr}, Q_PART * 4);
+            else
+                rows_by_rows<PASSES, 2, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(sdp, {k_addr, v_addr}, KV_PART * 4,
+                                                                            {q_addr, do_addr}, Q_PART * 4);
+        }
         if constexpr (L::SPLIT_STAGE) {
             __syncthreads();  // every warpgroup is done with Q and dO
             if (threadIdx.x == 0 && item + 1 < n_items) fetch_rows(item + 1);
@@ -415,7 +479,13 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         Tf32Words<PASSES, 4> a[2][M_BLOCKS];  // P^T and dS^T as register A operands
         a_words(a[0], sdp[0]);
         a_words(a[1], sdp[1]);
-        if constexpr (!FUSED) {
+        if constexpr (L::RING) {
+            regs_by_transposed<PASSES, 1, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(just_one(acc[0]), just_one(a[0]), {dot_addr},
+                                                                         Q_PART * 4);
+            ring_wait(item, 3);
+            regs_by_transposed<PASSES, 1, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(just_one(acc[1]), just_one(a[1]), {qt_addr},
+                                                                         Q_PART * 4);
+        } else if constexpr (!FUSED) {
             regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(acc, a, {dot_addr, qt_addr}, Q_PART * 4);
         } else {
             float* ds = reinterpret_cast<float*>(smem + L::ds_tiles + wg * L::DS_TILE);

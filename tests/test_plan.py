@@ -456,8 +456,7 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
         return [("wgmma" if isinstance(c, WgmmaConfig) else type(c).__name__, (c.block_m, c.block_n, c.num_warps))
                 for c in cfgs]
 
-    # plan._backward_families: wgmma first wherever its tiles compile without spills and fit
-    # ("fp32" dK/dV at 256: no wgmma tile fits, FFMA there, where every mma.sync tile spills).
+    # plan._backward_families: wgmma first wherever its tiles compile without spills and fit.
     assert tiles(plans("tf32", 64)) == [("wgmma", (32, 192, 12)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("fp32", 64)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("tf32", 128)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
@@ -478,9 +477,13 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     # At head dim 256 two warpgroups share 64 keys, each with half of dK's and dV's columns.
     dkdv, dq = plans("tf32", 256)
     assert isinstance(dkdv, WgmmaConfig) and dkdv.d_split == 2 and isinstance(dq, BwdDqWgmmaConfig)
-    # "fp32" at 256: dK/dV on FFMA, dQ on wgmma (Q and dO as float32 words: 64 KiB each).
+    # "fp32" at 256: dK/dV streams its query tiles through a ring of three slots (a whole
+    # staged tile does not fit beside K and V's words), dQ keeps Q and dO as words.
     dkdv, dq = plans("fp32", 256)
-    assert not isinstance(dkdv, MmaConfig) and tiles([dq]) == [("wgmma", (64, 16, 4))]
+    assert tiles([dkdv, dq]) == [("wgmma", (16, 64, 8)), ("wgmma", (64, 16, 4))] and dkdv.ring
+    assert dkdv.layout["q_tiles"].shape == (3, 2 * 16 * 256 + 2 * 16) and dkdv.layout["barriers"].shape == (1, 3)
+    assert "ring" in dkdv.layout["q_tiles"].note and dkdv.layout.total == 2 * 64 * 256 * 4 + 3 * 32896 + 24
+    assert not plans("fp32", 192)[0].ring and not plans("tf32", 256)[0].ring
     assert dq.q_in_registers and dq.layout["q_tile"].shape == (1, 64, 256) and dq.stages == 1
     assert not BwdDqWgmmaConfig("float32", "fp32", 112, 64, 16, 4, False).q_in_registers
     assert not BwdDqWgmmaConfig("float32", "tf32", 256, 64, 16, 4, False).q_in_registers

@@ -401,12 +401,13 @@ def test_documented_accuracy_of_each_mode():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("kernels", ["planned", "wgmma"])
+@pytest.mark.parametrize("D,kernels", [(64, "planned"), (128, "planned"), (64, "wgmma"), (128, "wgmma"),
+                                       (256, "wgmma")])
 def test_fp32_backward_error_is_at_most_twice_a_float32_numpy_reference(causal, D, kernels, monkeypatch):
     """Issue 6's "fp32" criterion on the gradients, with the tensor-core kernels planned,
     and (sm_90) on the wgmma kernels, mma.sync's tiles taken away (this problem is too
-    short for the planner to take them: plan.WGMMA_BACKWARD_MIN_ROWS)."""
+    short for the planner to take them: plan.WGMMA_BACKWARD_MIN_ROWS); at 256 dK/dV's
+    query tiles stream through its ring of three slots."""
     from cupyattn import plan as P
 
     if kernels == "wgmma":

@@ -1,6 +1,6 @@
 """The float64 model behind 3xTF32's per-k-step rounded adds (scripts/tf32_error_model.py):
-a chain of truncated float32 additions costs the float32 accuracy issue 6 asks for, and
-adding each k-step apart restores it. CPU only."""
+a chain of truncated float32 additions costs several times the error of adding each
+k-step apart, which keeps the float32 accuracy issue 6 asks for. CPU only."""
 
 import importlib.util
 from pathlib import Path
@@ -32,5 +32,8 @@ def test_truncated_chain_loses_float32_accuracy_and_per_k_step_adds_keep_it():
     numpy_f32 = np.abs(attention_reference(q, k, v, rows=rows, precision="float32")[0] - ref).max()
     chain, per_k_step = (np.abs(model.forward(q, k, v, rows, per) - ref).max() / numpy_f32
                          for per in (False, True))
-    assert chain > 2.0, chain  # over issue 6's limit (seeds 0-3: 3.1-6.8x)
-    assert per_k_step <= 2.0 and per_k_step < chain / 2, (per_k_step, chain)  # seeds 0-3: 0.6-1.4x
+    # Against each other, not numpy: numpy's float32 error depends on the BLAS kernel the
+    # CPU gets (OpenBLAS picks one per CPU; the chain measured 3.1-6.8x numpy's on one CI
+    # machine, 1.6-3.1x on another, seeds 0-3), the per-k-step adds 0.3-0.6x (seeds 0-3).
+    assert per_k_step <= 2.0, per_k_step  # issue 6's limit
+    assert chain > 3 * per_k_step, (chain, per_k_step)  # seeds 0-3: 4.2-5.3x
