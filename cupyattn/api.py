@@ -265,20 +265,22 @@ def _launch(config, spec, blocks: int, what: str, args, smem: int = 0):
     get_kernel(config, spec)((blocks,), (config.threads,), args, shared_mem=smem)
 
 
-def stage_tiles(staging, spec, a, b, lse=None, delta=None):
+def stage_tiles(staging, spec, a, b, out=None, lse=None, delta=None):
     """The TF32 tiles a wgmma kernel copies whole (``plan.StagingConfig``), as a new flat
     float32 array of ``staging.workspace_bytes`` bytes: from K and V ((B, Sk, Hkv, D)
     float32 views, last dimension contiguous) for "forward keys" / "dq keys"; from Q and
-    dO ((B, Sq, Hq, D)) with lse and delta ((B, Hq, Sq)) for "dkdv queries"."""
+    dO ((B, Sq, Hq, D)) for "dkdv queries", with the output O (as dO) and lse ((B, Hq,
+    Sq)), which also writes delta = rowsum(dO * O) ((B, Hq, Sq), as attn_bwd_delta)."""
     import cupy
 
     B, S, H, D = a.shape
     staged = cupy.empty(staging.workspace_bytes(B, H, S) // 4, dtype=cupy.float32)
     tiles = staging.tiles(S)
-    rowwise = (_ptr(lse), _ptr(delta)) if staging.operands == "dkdv queries" else ()
-    _launch(staging, spec, tiles * B * H, "q" if rowwise else "k", (
+    queries = staging.operands == "dkdv queries"
+    rowwise = (_ptr(out), _ptr(lse), _ptr(delta)) if queries else ()
+    _launch(staging, spec, tiles * B * H, "q" if queries else "k", (
         _ptr(a), _ptr(b), *rowwise, _ptr(staged), *_elem_strides(a), *_elem_strides(b),
-        np.int32(H), np.int32(S), np.int32(D), np.int32(tiles)))
+        *(_elem_strides(out) if queries else ()), np.int32(H), np.int32(S), np.int32(D), np.int32(tiles)))
     return staged
 
 
@@ -374,7 +376,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
            "fp32" / "tf32" on sm_90, where it measured faster); elsewhere it gives
            the deterministic algorithm.
 
-    Algorithm (FlashAttention-2): delta = rowsum(dout * out); a dK/dV pass that
+    Algorithm (FlashAttention-2): delta = rowsum(dout * out) (its own launch, or
+    the staging launch of a wgmma dK/dV pass as it reads dout); a dK/dV pass that
     keeps a key tile and loops over query heads and tiles; a dQ pass that keeps
     a query tile and loops over key tiles. Each pass is planned on its own for
     the device's shared memory. Extra device memory beyond dq, dk, dv: delta,
@@ -407,9 +410,10 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         dqs, dks, dvs = call.bshd(dq), call.bshd(dk), call.bshd(dv)
         rows = call.B * call.Hq * call.Sq
         delta = cupy.empty((call.B, call.Hq, call.Sq), dtype=cupy.float32)
-        _launch(bplan.delta, spec, -(-rows // bplan.delta.rows_per_block), "dout", (
-            _ptr(dos), _ptr(os_), _ptr(delta), *_elem_strides(dos), *_elem_strides(os_),
-            np.int32(call.Hq), np.int32(call.Sq), np.int32(call.Dv), np.int64(rows)))
+        if bplan.delta is not None:  # else the dK/dV pass's staging launch writes it
+            _launch(bplan.delta, spec, -(-rows // bplan.delta.rows_per_block), "dout", (
+                _ptr(dos), _ptr(os_), _ptr(delta), *_elem_strides(dos), *_elem_strides(os_),
+                np.int32(call.Hq), np.int32(call.Sq), np.int32(call.Dv), np.int64(rows)))
 
         sizes = (np.int32(call.Hq), np.int32(call.Hkv), np.int32(call.Sq), np.int32(call.Sk),
                  np.int32(call.D), np.int32(call.Dv))
@@ -426,7 +430,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
             staging = getattr(plan.config, "staging", None)
             staged = ()
             if staging is not None:  # the streamed tiles split into TF32 parts once, for every block
-                staged = (stage_tiles(staging, spec, qs, do_, lse, delta) if staging.operands == "dkdv queries"
+                staged = (stage_tiles(staging, spec, qs, do_, os_, lse, delta) if staging.operands == "dkdv queries"
                           else stage_tiles(staging, spec, ks, vs),)
             return ((_ptr(qs), _ptr(ks), _ptr(vs), _ptr(do_), _ptr(lse), _ptr(delta)),
                     (*_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs), *_elem_strides(do_)), staged)

@@ -364,8 +364,9 @@ class WgmmaConfig:
     lays out the tiles a block keeps before ``_staged_tiles``."""
 
     ARCH_SUFFIX: ClassVar[str] = "a"  # sm_90 -> sm_90a: the architecture-specific features
-    # Where only one stage fits, its two halves land apart (two barriers): the dK/dV kernels.
-    SPLIT_ONE_STAGE: ClassVar[bool] = False
+    # Where only one stage fits, its two parts (named here) land apart, two barriers: the
+    # backward's kernels.
+    SPLIT_ONE_STAGE: ClassVar[str] = ""
 
     @staticmethod
     def runs_on(device: DeviceSpec, dtype: str, precision: str) -> bool:
@@ -411,8 +412,8 @@ class WgmmaConfig:
                               f"{stages} stage{'s' if two else ''} of {what}; {self._parts_text} in core-matrix "
                               f"order, copied whole (cp.async.bulk) from {staging.kernel_name}'s tiles")
         if stages == 1 and self.SPLIT_ONE_STAGE:
-            return builder.add("barriers", (1, 2), "uint64", "mbarriers: the stage's two halves have landed "
-                               "(each copied while the other is in use)")
+            return builder.add("barriers", (1, 2), "uint64", f"mbarriers: the stage's two parts "
+                               f"({self.SPLIT_ONE_STAGE}) have landed (each copied while the other is in use)")
         return builder.add("barriers", (stages, self.BARRIERS), "uint64", "mbarriers: a stage's copies have landed")
 
 
@@ -645,7 +646,7 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
     LAYOUT: ClassVar[str] = "cupyattn::BwdDkdvWgmmaLayout"
     HEADER: ClassVar[str] = "attn_bwd_wgmma.cuh"
     BARRIERS: ClassVar[int] = 1
-    SPLIT_ONE_STAGE: ClassVar[bool] = True  # Q, dO | Q^T, dO^T, lse, delta
+    SPLIT_ONE_STAGE: ClassVar[str] = "Q, dO | Q^T, dO^T, lse, delta"
 
     @property
     def valid(self) -> bool:
@@ -762,6 +763,7 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
     LAYOUT: ClassVar[str] = "cupyattn::BwdDqWgmmaLayout"
     HEADER: ClassVar[str] = "attn_bwd_wgmma.cuh"
     BARRIERS: ClassVar[int] = 1
+    SPLIT_ONE_STAGE: ClassVar[str] = "K, V | K^T"
 
     @property
     def valid(self) -> bool:
@@ -1420,9 +1422,11 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec) -> Plan:
 @dataclasses.dataclass(frozen=True)
 class BackwardPlan:
     """The backward's launches, each planned on its own (never the forward's tiles): delta,
-    dK/dV, dQ; or delta and one fused pass (``dq`` None: BwdFusedWgmmaConfig adds dQ)."""
+    dK/dV, dQ; or delta and one fused pass (``dq`` None: BwdFusedWgmmaConfig adds dQ).
+    ``delta`` None: the dK/dV pass's staging launch (stage_queries_tf32) computes delta
+    as it reads dO, and no launch of its own reads dO again."""
 
-    delta: BwdDeltaConfig
+    delta: "BwdDeltaConfig | None"
     dkdv: Plan
     dq: "Plan | None"
 
@@ -1431,7 +1435,16 @@ class BackwardPlan:
         return (self.dkdv,) if self.dq is None else (self.dkdv, self.dq)
 
     def describe(self) -> str:
-        return "\n".join([f"{self.delta.name_expression} (no shared memory)"] + [p.describe() for p in self.plans])
+        delta = (f"{self.delta.name_expression} (no shared memory)" if self.delta is not None
+                 else f"delta: computed by {self.dkdv.config.staging.kernel_name}, as it stages dO")
+        return "\n".join([delta] + [p.describe() for p in self.plans])
+
+
+def _delta_launch(problem: AttentionProblem, dkdv: Plan) -> "BwdDeltaConfig | None":
+    """delta's own launch, unless the dK/dV pass stages its query tiles (the staging
+    launch computes delta from the dO it reads: BackwardPlan)."""
+    staging = getattr(dkdv.config, "staging", None)
+    return None if staging is not None and staging.operands == "dkdv queries" else BwdDeltaConfig(problem.dtype)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1450,11 +1463,12 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan
     if not problem.deterministic and seen_q >= WGMMA_BACKWARD_MIN_ROWS:
         fused = _plan_fused(problem, device, max_m, max_n, dkdv_blocks)
         if fused is not None:
-            return BackwardPlan(delta=BwdDeltaConfig(problem.dtype), dkdv=fused, dq=None)
+            return BackwardPlan(delta=_delta_launch(problem, fused), dkdv=fused, dq=None)
+    dkdv = _plan_pass("backward dK/dV", lambda precision: _backward_families("dkdv", precision, d_pad, seen_q),
+                      dkdv_simt, problem, device, max_m, max_n, dkdv_blocks)
     return BackwardPlan(
-        delta=BwdDeltaConfig(problem.dtype),
-        dkdv=_plan_pass("backward dK/dV", lambda precision: _backward_families("dkdv", precision, d_pad, seen_q),
-                        dkdv_simt, problem, device, max_m, max_n, dkdv_blocks),
+        delta=_delta_launch(problem, dkdv),
+        dkdv=dkdv,
         dq=_plan_pass("backward dQ", lambda precision: _backward_families("dq", precision, d_pad, seen_k),
                       dq_simt, problem, device, max_m, max_n, _query_tiles_blocks(problem)),
     )
@@ -1488,5 +1502,6 @@ def planned_configs(device: DeviceSpec, head_dims, dtypes, causals=(True,), prec
                     problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096, precision=precision)
                     bwd = plan_backward(problem, device)
                     for cfg in (plan_forward(problem, device).config, bwd.delta, *(p.config for p in bwd.plans)):
-                        configs[cfg.name_expression] = cfg
+                        if cfg is not None:
+                            configs[cfg.name_expression] = cfg
     return configs

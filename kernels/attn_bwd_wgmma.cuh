@@ -53,7 +53,7 @@
 //   kv_tiles   [STAGES][K: PARTS][BLOCK_N x D_PAD], [V: PARTS][BLOCK_N x D_PAD],
 //                      [K^T: PARTS][D_PAD x BLOCK_N]   float  a key tile as stage_keys_tf32<..., true>
 //                                                             writes it, copied whole (cp.async.bulk)
-//   barriers   [STAGES]                   mbarrier
+//   barriers   [STAGES], one stage: [2]   mbarrier  (a stage, or one stage's parts: K, V | K^T)
 // STAGES = 2 where that fits in sm_90's 232448 bytes, else 1.
 #pragma once
 
@@ -107,7 +107,8 @@ struct BwdFusedWgmmaLayout {
     static constexpr bool KV_IN_REGISTERS = false;  // K's core-matrix tile is transposed into K^T
     static constexpr int STAGE_BYTES = Dkdv::STAGE_BYTES;
     static constexpr bool RING = false;  // (no tile that needs it fits beside K^T)
-    static constexpr int RING_SLOT = 0;
+    static constexpr int ROWWISE_BYTES = Dkdv::ROWWISE_BYTES, RING_SLOTS = Dkdv::RING_SLOTS,
+                         RING_SLOT = Dkdv::RING_SLOT;
     static constexpr int DS_TILE = PARTS * BLOCK_M * 64 * 4;  // one warpgroup's dS
     static constexpr int k_tile = 0;
     static constexpr int v_tile = k_tile + TILE_N;
@@ -135,11 +136,16 @@ struct BwdDqWgmmaLayout {
     static constexpr int TILE_M = (Q_IN_REGISTERS ? 1 : PARTS) * BLOCK_M * D_PAD * 4;
     static constexpr int STAGE_BYTES = 3 * TILE_N;  // a staged key tile: K, V, K^T (stage_keys_tf32)
     static constexpr int STAGES = stages_that_fit(2 * TILE_M, STAGE_BYTES, 1);
+    // One stage: K and V | K^T land apart, each with its own barrier, so that one part
+    // copies while the other is in use (as dK/dV's halves; attn_bwd_dq_wgmma).
+    static constexpr bool SPLIT_STAGE = STAGES == 1;
+    static constexpr int KV_PART_BYTES = 2 * TILE_N;  // K and V: the bytes of a stage's first part
+    static constexpr int BARRIER_COUNT = SPLIT_STAGE ? 2 : STAGES;
     static constexpr int q_tile = 0;
     static constexpr int do_tile = q_tile + TILE_M;
     static constexpr int kv_tiles = do_tile + TILE_M;
     static constexpr int barriers = kv_tiles + STAGES * STAGE_BYTES;
-    static constexpr int total = barriers + STAGES * 8;
+    static constexpr int total = barriers + BARRIER_COUNT * 8;
     static constexpr int num_buffers = 4;
     static constexpr int offsets[num_buffers] = {q_tile, do_tile, kv_tiles, barriers};
 };
@@ -607,14 +613,29 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
 
     const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
-    auto fetch = [&](int tile) {  // thread 0 only: key tile `tile` into its stage
-        const int stage = tile % STAGES;
-        bulk_copy_to_shared(kv_tiles + stage * L::STAGE_BYTES, staged + (long long)tile * L::STAGE_BYTES,
-                            L::STAGE_BYTES, &barriers[stage]);
+    // Thread 0 only: bytes [from, to) of key tile `tile` into its stage.
+    auto copy = [&](int tile, int from, int to, unsigned long long* bar) {
+        bulk_copy_to_shared(kv_tiles + tile % STAGES * L::STAGE_BYTES + from,
+                            staged + (long long)tile * L::STAGE_BYTES + from, to - from, bar);
     };
-    init_mbarriers<STAGES>(barriers);
-    if (threadIdx.x == 0)
-        for (int tile = 0; tile < STAGES && tile < n_tiles; ++tile) fetch(tile);
+    // One stage (L::SPLIT_STAGE): K and V land on barriers[0], K^T on barriers[1]. The next
+    // tile's K and V copy once every warpgroup has S and dP, while this tile's dQ is
+    // added; its K^T once that is done, while its S and dP are. Two stages: a whole
+    // stage on its barrier, one tile ahead.
+    auto fetch_kv = [&](int tile) { copy(tile, 0, L::KV_PART_BYTES, &barriers[0]); };
+    auto fetch_kt = [&](int tile) { copy(tile, L::KV_PART_BYTES, L::STAGE_BYTES, &barriers[1]); };
+    auto fetch = [&](int tile) { copy(tile, 0, L::STAGE_BYTES, &barriers[tile % STAGES]); };
+    init_mbarriers<L::BARRIER_COUNT>(barriers);
+    if (threadIdx.x == 0) {
+        if constexpr (L::SPLIT_STAGE) {
+            if (n_tiles > 0) {
+                fetch_kv(0);
+                fetch_kt(0);
+            }
+        } else {
+            for (int tile = 0; tile < STAGES && tile < n_tiles; ++tile) fetch(tile);
+        }
+    }
 
     // Q and dO, once, from global memory (zeros past the last row): TF32 parts in
     // core-matrix order, or (L::Q_IN_REGISTERS) float32 words in register A order.
@@ -656,10 +677,30 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
         const unsigned v_addr = k_addr + L::TILE_N, kt_addr = k_addr + 2 * L::TILE_N;
         const int n0 = tile * BLOCK_N;
         if (tile > 0) {
-            __syncthreads();  // every warpgroup is done with the last tile's stage
-            if (threadIdx.x == 0 && tile - 1 + STAGES < n_tiles) fetch(tile - 1 + STAGES);
+            // Every warpgroup is done with the last tile's stage (one stage: its K^T).
+            __syncthreads();
+            if constexpr (L::SPLIT_STAGE) {
+                if (threadIdx.x == 0) fetch_kt(tile);
+            } else {
+                if (threadIdx.x == 0 && tile - 1 + STAGES < n_tiles) fetch(tile - 1 + STAGES);
+            }
         }
-        mbarrier_wait(&barriers[stage], (tile / STAGES) % 2);
+        mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (tile / STAGES) % 2);
+        const bool idle = CAUSAL && n0 > wg_row0 + 63 + causal_offset;  // uniform per warpgroup
+        float sdp[2][N_BLOCKS][4];  // S, dP
+        auto scores = [&] {
+            if constexpr (L::Q_IN_REGISTERS)
+                words_by_rows<2, BLOCK_N, K_STEPS, BLOCK_N>(sdp, {q_words, do_words}, {k_addr, v_addr}, KV_PART * 4);
+            else
+                rows_by_rows<PASSES, 2, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(sdp, {q_addr, do_addr}, Q_PART * 4,
+                                                                            {k_addr, v_addr}, KV_PART * 4);
+        };
+        if constexpr (L::SPLIT_STAGE) {
+            if (!idle) scores();
+            __syncthreads();  // every warpgroup is done with K and V
+            if (threadIdx.x == 0 && tile + 1 < n_tiles) fetch_kv(tile + 1);
+            mbarrier_wait(&barriers[1], tile % 2);
+        }
         // A causal block's last tile may reach past every key its rows see (n_end; the
         // staging zero-fills past seqlen_k only): K^T is zeroed there, so that NaN or inf
         // in keys no row may see cannot reach dQ through 0 * NaN (S and dP select).
@@ -669,14 +710,8 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
             fence_proxy_async();
             __syncthreads();
         }
-        if (CAUSAL && n0 > wg_row0 + 63 + causal_offset) continue;  // uniform per warpgroup
-
-        float sdp[2][N_BLOCKS][4];  // S, dP
-        if constexpr (L::Q_IN_REGISTERS)
-            words_by_rows<2, BLOCK_N, K_STEPS, BLOCK_N>(sdp, {q_words, do_words}, {k_addr, v_addr}, KV_PART * 4);
-        else
-            rows_by_rows<PASSES, 2, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(sdp, {q_addr, do_addr}, Q_PART * 4,
-                                                                        {k_addr, v_addr}, KV_PART * 4);
+        if (idle) continue;
+        if constexpr (!L::SPLIT_STAGE) scores();
         const bool needs_mask = warp_row0 + 16 > seqlen_q || n0 + BLOCK_N > seqlen_k ||
                                 (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
 #pragma unroll

@@ -10,7 +10,8 @@
 //   stage_keys_tf32<Op, D_PAD, BLOCK_N, DQ>: per (batch, kv head, key tile), tiles of a
 //     head consecutive: the forward's [K | V^T], dQ's (DQ) [K | V | K^T].
 //   stage_queries_tf32<Op, D_PAD, BLOCK_M>: per (batch, query head, query tile), dK/dV's
-//     [Q | dO | Q^T | dO^T | lse * log2(e) | delta] (BLOCK_M floats each, 0 past the end).
+//     [Q | dO | Q^T | dO^T | lse * log2(e) | delta] (BLOCK_M floats each, 0 past the end),
+//     delta = rowsum(dO * O) computed here and written to delta too (the dQ pass reads it).
 #pragma once
 
 #include "attn_bwd_simt.cuh"  // LOG2E
@@ -112,27 +113,54 @@ stage_keys_tf32(const float* __restrict__ k, const float* __restrict__ v, float*
 
 template <typename Op, int D_PAD, int BLOCK_M>
 __global__ void __launch_bounds__(STAGING_THREADS)
-stage_queries_tf32(const float* __restrict__ q, const float* __restrict__ dout, const float* __restrict__ lse,
-                   const float* __restrict__ delta, float* __restrict__ staged,
+stage_queries_tf32(const float* __restrict__ q, const float* __restrict__ dout, const float* __restrict__ o,
+                   const float* __restrict__ lse, float* __restrict__ delta, float* __restrict__ staged,
                    long long q_sb, long long q_ss, long long q_sh, long long do_sb, long long do_ss, long long do_sh,
-                   int n_heads_q, int seqlen_q, int head_dim, int n_tiles) {
+                   long long o_sb, long long o_ss, long long o_sh, int n_heads_q, int seqlen_q, int head_dim,
+                   int n_tiles) {
     constexpr int PASSES = Op::passes, PARTS = PASSES == 3 ? 2 : 1;
     constexpr int PART = BLOCK_M * D_PAD;
+    constexpr int WARPS = STAGING_THREADS / 32, WARP_ROWS = BLOCK_M / WARPS;
+    static_assert(BLOCK_M % WARPS == 0, "rows of delta: as many a warp");
     __shared__ __align__(16) float raw[2][STAGING_PIECE * (D_PAD + 4)];
     const int tile = blockIdx.x % n_tiles, bh = blockIdx.x / n_tiles;
     const int b = bh / n_heads_q, h = bh % n_heads_q, m0 = tile * BLOCK_M;
     float* out = staged + (long long)blockIdx.x * (4 * PARTS * PART + 2 * BLOCK_M);
     q += b * q_sb + h * q_sh + m0 * q_ss;
     dout += b * do_sb + h * do_sh + m0 * do_ss;
+    o += b * o_sb + h * o_sh + m0 * o_ss;
     const int rows = seqlen_q - m0;
     stage_operand<PASSES, BLOCK_M, D_PAD, true, true>(out, out + 2 * PARTS * PART, PART, q, q_ss, rows, head_dim, raw);
     stage_operand<PASSES, BLOCK_M, D_PAD, true, true>(out + PARTS * PART, out + 3 * PARTS * PART, PART, dout, do_ss,
                                                       rows, head_dim, raw);
     float* rowwise = out + 4 * PARTS * PART;
     const long long at = (long long)bh * seqlen_q + m0;
-    for (int i = threadIdx.x; i < BLOCK_M; i += STAGING_THREADS) {
-        rowwise[i] = i < rows ? lse[at + i] * LOG2E : 0.0f;
-        rowwise[BLOCK_M + i] = i < rows ? delta[at + i] : 0.0f;
+    for (int i = threadIdx.x; i < BLOCK_M; i += STAGING_THREADS) rowwise[i] = i < rows ? lse[at + i] * LOG2E : 0.0f;
+    // delta = rowsum(dO * O) of the tile's rows (dO just read: from L2), for the dQ pass and
+    // beside lse for dK/dV, so that no launch of its own reads dO again. Summed as
+    // attn_bwd_delta sums a row (lane l adds columns l, l + 32, ..., then the warp's sum):
+    // the same bits. A warp's rows i = warp + WARPS r, their loads issued together.
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float sum[WARP_ROWS];
+#pragma unroll
+    for (int r = 0; r < WARP_ROWS; ++r) sum[r] = 0.0f;
+#pragma unroll
+    for (int d0 = 0; d0 < D_PAD; d0 += 32) {
+        const int d = d0 + lane;
+#pragma unroll
+        for (int r = 0; r < WARP_ROWS; ++r) {
+            const int i = warp + WARPS * r;
+            if (i < rows && d < head_dim) sum[r] = fmaf(dout[i * do_ss + d], o[i * o_ss + d], sum[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < WARP_ROWS; ++r) {
+        const int i = warp + WARPS * r;
+        const float s = group_sum<32>(sum[r]);
+        if (lane == 0) {
+            rowwise[BLOCK_M + i] = i < rows ? s : 0.0f;
+            if (i < rows) delta[at + i] = s;
+        }
     }
 }
 

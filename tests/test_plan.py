@@ -485,6 +485,8 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert "ring" in dkdv.layout["q_tiles"].note and dkdv.layout.total == 2 * 64 * 256 * 4 + 3 * 32896 + 24
     assert not plans("fp32", 192)[0].ring and not plans("tf32", 256)[0].ring
     assert dq.q_in_registers and dq.layout["q_tile"].shape == (1, 64, 256) and dq.stages == 1
+    # One stage: K and V | K^T land on a barrier each.
+    assert dq.layout["barriers"].shape == (1, 2) and "K, V | K^T" in dq.layout["barriers"].note
     assert not BwdDqWgmmaConfig("float32", "fp32", 112, 64, 16, 4, False).q_in_registers
     assert not BwdDqWgmmaConfig("float32", "tf32", 256, 64, 16, 4, False).q_in_registers
     # Blocks that stream fewer than WGMMA_BACKWARD_MIN_ROWS rows (half when causal): mma.sync first.
@@ -497,6 +499,12 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     problem = AttentionProblem("float32", 64, 64, False, 4, 16, 16, 4096, 512, precision=("tf32",))
     bwd = plan_backward(problem, named_device("h200"))
     assert isinstance(bwd.dkdv.config, WgmmaConfig) and not isinstance(bwd.dq.config, WgmmaConfig)
+    # delta: the dK/dV pass's staging launch computes it as it reads dO (no launch of its
+    # own), for the dQ pass too; elsewhere its own launch.
+    assert bwd.delta is None and "delta: computed by stage_queries_tf32" in bwd.describe()
+    problem = AttentionProblem("float32", 64, 64, False, 4, 16, 16, 512, 4096, precision=("tf32",))
+    bwd = plan_backward(problem, named_device("h200"))
+    assert not isinstance(bwd.dkdv.config, WgmmaConfig) and bwd.delta is not None
     # Never off sm_90, never for half-precision operands.
     for device in ("a100", "rtx4090", "b200", "rtx5090"):
         assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, device))
@@ -514,7 +522,7 @@ def test_wgmma_backward_layouts_and_register_rules():
     assert dkdv.staging.tile_bytes == 4 * 2 * 32 * 64 * 4 + 2 * 32 * 4 == 65792
     assert dkdv.stages == 1 and dkdv.layout["q_tiles"].bytes == dkdv.staging.tile_bytes
     # One stage: its halves (Q, dO | Q^T, dO^T, lse, delta) land on a barrier each.
-    assert dkdv.layout["barriers"].shape == (1, 2) and "halves" in dkdv.layout["barriers"].note
+    assert dkdv.layout["barriers"].shape == (1, 2) and "Q, dO | Q^T" in dkdv.layout["barriers"].note
     assert dkdv.layout.total == 4 * 2 * 2 * 128 * 64 + 65792 + 16 == 196880
     two = BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 128, 8, False)
     assert two.stages == 2 and two.layout["barriers"].shape == (2, 1)

@@ -156,11 +156,12 @@ def _staged_tiles_model(tiles, precision, d_pad, rows, rowwise=()):
 def test_staged_tiles_match_the_wgmma_kernels_shared_memory_layout(precision, operands, D, rows):
     """The staging launches write every tile bit for bit as the wgmma kernel it feeds
     holds one stage, from strided views (two operands interleaved in one array), with a
-    partial last tile and the head dim padded."""
+    partial last tile and the head dim padded; the query tiles' delta = rowsum(dO * O)
+    (to delta and beside lse) bit for bit as attn_bwd_delta's launch computes it."""
     import cupy
 
     from cupyattn import api
-    from cupyattn.plan import StagingConfig, mma_head_dim_pad
+    from cupyattn.plan import BwdDeltaConfig, StagingConfig, mma_head_dim_pad
 
     spec = current_device()
     if spec.compute_capability != (9, 0):
@@ -168,12 +169,23 @@ def test_staged_tiles_match_the_wgmma_kernels_shared_memory_layout(precision, op
     B, S, H = 2, 2 * rows + 5, 3
     rng = np.random.default_rng(D + rows)
     pair = rng.standard_normal((B, S, 2, H, D)).astype(np.float32)
-    lse, delta = (rng.standard_normal((B, H, S)).astype(np.float32) for _ in range(2))
+    lse = rng.standard_normal((B, H, S)).astype(np.float32)
     a, b = pair[:, :, 0], pair[:, :, 1]
     staging = StagingConfig(operands, precision, mma_head_dim_pad(D), rows)
     on_gpu = cupy.asarray(pair)
     if operands == "dkdv queries":
-        got = api.stage_tiles(staging, spec, on_gpu[:, :, 0], on_gpu[:, :, 1], cupy.asarray(lse), cupy.asarray(delta))
+        o = cupy.asarray(rng.standard_normal((B, S, 2, H, D)).astype(np.float32))[:, :, 1]  # strided as dO
+        delta = cupy.full((B, H, S), np.nan, dtype=cupy.float32)
+        got = api.stage_tiles(staging, spec, on_gpu[:, :, 0], on_gpu[:, :, 1], o, cupy.asarray(lse), delta)
+        own = cupy.full((B, H, S), np.nan, dtype=cupy.float32)
+        cfg, n_rows, do_ = BwdDeltaConfig("float32"), B * H * S, on_gpu[:, :, 1]
+        api._launch(cfg, spec, -(-n_rows // cfg.rows_per_block), "dout", (
+            api._ptr(do_), api._ptr(o), api._ptr(own), *api._elem_strides(do_), *api._elem_strides(o),
+            np.int32(H), np.int32(S), np.int32(D), np.int64(n_rows)))
+        delta, own = delta.get(), own.get()
+        np.testing.assert_array_equal(delta.view(np.uint32), own.view(np.uint32))
+        exact = np.einsum("bshd,bshd->bhs", b.astype(np.float64), o.get().astype(np.float64))
+        np.testing.assert_allclose(delta, exact, rtol=1e-5, atol=1e-5)
         want = _staged_tiles_model([(a, False), (b, False), (a, True), (b, True)], precision, staging.head_dim_pad,
                                    rows, rowwise=(lse * np.float32(1.4426950408889634), delta))  # LOG2E
     else:
