@@ -192,6 +192,11 @@ class MmaConfig:
     def threads(self) -> int:
         return self.num_warps * 32
 
+    @classmethod
+    def head_dim_pad_for(cls, head_dim: int, block_n: int, num_warps: int) -> int:
+        """The padded head dim (a template parameter) of this kernel's tile for ``head_dim``."""
+        return mma_head_dim_pad(head_dim)
+
     @staticmethod
     def runs_on(device: DeviceSpec, dtype: str, precision: str) -> bool:
         """Whether the kernel exists for this device and mode beyond ``mma_eligible``
@@ -676,6 +681,16 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
                 and self._kept_tiles().end + self.staging.tile_bytes + 2 * 8 > SM90_SMEM_PER_BLOCK)
 
     KV_IN_REGISTERS_FROM: ClassVar[int] = 128  # kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::KV_IN_REGISTERS
+
+    @classmethod
+    def head_dim_pad_for(cls, head_dim: int, block_n: int, num_warps: int) -> int:
+        """Two warpgroups that share 64 keys (d_split 2) each take half of the head dim in
+        whole 16-column tiles: padded to a multiple of 32 (144 -> 160, 240 -> 256; zeros past
+        head_dim), so that these tiles also serve the head dims where every other tile
+        spills (3xTF32 at 136-144, 168-176, 200-208 and 232-240; "tf32" at 232-240)."""
+        if num_warps * 16 // block_n >= 2:
+            return (head_dim + 31) // 32 * 32
+        return mma_head_dim_pad(head_dim)
 
     @property
     def kv_in_registers(self) -> bool:
@@ -1307,10 +1322,10 @@ def _mma_candidates(cls, tiles, problem: AttentionProblem, device: DeviceSpec, m
     configs, skipped = [], []
     if not mma_eligible(problem, device) or not cls.runs_on(device, problem.dtype, precision):
         return configs, skipped
-    d_pad = mma_head_dim_pad(problem.head_dim)
     for block_m, block_n, warps in _tile_order(cls, tiles, precision):
         if block_m > max(16, max_block_m) or block_n > max(16, max_block_n):
             continue
+        d_pad = cls.head_dim_pad_for(problem.head_dim, block_n, warps)
         cfg = cls(problem.dtype, precision, d_pad, block_m, block_n, warps, bool(problem.causal))
         if not cfg.valid:
             continue

@@ -484,6 +484,12 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert dkdv.layout["q_tiles"].shape == (3, 2 * 16 * 256 + 2 * 16) and dkdv.layout["barriers"].shape == (1, 3)
     assert "ring" in dkdv.layout["q_tiles"].note and dkdv.layout.total == 2 * 64 * 256 * 4 + 3 * 32896 + 24
     assert not plans("fp32", 192)[0].ring and not plans("tf32", 256)[0].ring
+    # Where every other dK/dV tile spills, the d_split tile pads the head dim to 32:
+    # 3xTF32 at 144 -> 160, 208 -> 224, 240 -> 256 (the ring); "tf32" at 240 -> 256.
+    for precision, d, pad in (("fp32", 144, 160), ("fp32", 208, 224), ("fp32", 240, 256), ("tf32", 240, 256)):
+        dkdv, _ = plans(precision, d)
+        assert tiles([dkdv]) == [("wgmma", (16, 64, 8))] and dkdv.head_dim_pad == pad, (precision, d)
+    assert BwdDkdvWgmmaConfig.head_dim_pad_for(144, 128, 8) == 144  # d_split 1: the tensor cores' 16
     assert dq.q_in_registers and dq.layout["q_tile"].shape == (1, 64, 256) and dq.stages == 1
     # One stage: K and V | K^T land on a barrier each.
     assert dq.layout["barriers"].shape == (1, 2) and "K, V | K^T" in dq.layout["barriers"].note

@@ -292,6 +292,31 @@ def test_wgmma_backward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal
         P.plan_backward.cache_clear()
 
 
+@pytest.mark.parametrize("precision,D", [("fp32", 136), ("fp32", 200), ("fp32", 232), ("tf32", 240)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_wgmma_dkdv_pads_the_head_dim_to_32_for_its_d_split_tiles(precision, D, causal, monkeypatch):
+    """Head dims whose other dK/dV tiles spill get the d_split tile with the head dim padded
+    to a multiple of 32 (plan.BwdDkdvWgmmaConfig.head_dim_pad_for; 232 -> 256: the ring in
+    3xTF32): zeros past the head dim, GQA, partial tiles, Sq != Sk."""
+    from cupyattn import plan as P
+
+    spec = current_device()
+    if spec.compute_capability != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU")
+    monkeypatch.setattr(P, "BWD_DKDV_MMA_TILES", ())
+    monkeypatch.setattr(P, "BWD_DQ_MMA_TILES", ())
+    P.plan_backward.cache_clear()
+    try:
+        problem = AttentionProblem("float32", D, D, causal, 1, 2, 1, 150, 97, precision=(precision,))
+        cfg = plan_backward(problem, spec).dkdv.config
+        assert isinstance(cfg, P.BwdDkdvWgmmaConfig) and cfg.d_split == 2
+        assert cfg.head_dim_pad == (D + 31) // 32 * 32 > P.mma_head_dim_pad(D)
+        run_backward_and_check(B=1, Sq=150, Sk=97, Hq=2, Hkv=1, D=D, Dv=D, dtype="float32", causal=causal,
+                               precision=precision, seed=D + 5)
+    finally:
+        P.plan_backward.cache_clear()
+
+
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True, "top_left"])
