@@ -265,13 +265,10 @@ def test_wgmma_backward_in_every_listed_tile(precision, D, causal, kind, tile, m
         P.plan_backward.cache_clear()
 
 
-@pytest.mark.parametrize("precision", ["fp32", "tf32"])
-@pytest.mark.parametrize("D", [40, 64, 128, 256])
-@pytest.mark.parametrize("B,Sq,Sk", [(1, 1, 33), (1, 33, 1), (2, 63, 130), (1, 257, 1000)])
-@pytest.mark.parametrize("causal", [False, True, "top_left"])
-def test_wgmma_backward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal, monkeypatch):
-    """The sm_90a wgmma backward kernels wherever they fit (mma.sync's tiles taken away):
-    one query or one key, partial and several tiles, GQA, every causal alignment."""
+@pytest.fixture
+def wgmma_backward_only(monkeypatch):
+    """On an sm_90 GPU (else skip): the backward planned without mma.sync's tiles, so on
+    wgmma's where they fit, with the plan cache cleared before and after; the device."""
     from cupyattn import plan as P
 
     spec = current_device()
@@ -280,41 +277,42 @@ def test_wgmma_backward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal
     monkeypatch.setattr(P, "BWD_DKDV_MMA_TILES", ())
     monkeypatch.setattr(P, "BWD_DQ_MMA_TILES", ())
     P.plan_backward.cache_clear()
-    try:
-        problem = AttentionProblem("float32", D, D, causal, B, 4, 2, Sq, Sk, precision=(precision,))
-        bwd = plan_backward(problem, spec)
-        wgmma = [isinstance(p.config, P.WgmmaConfig) for p in (bwd.dkdv, bwd.dq)]
-        if not any(wgmma):
-            pytest.skip("no wgmma backward tile fits here (shared memory or registers)")
-        run_backward_and_check(B=B, Sq=Sq, Sk=Sk, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
-                               precision=precision, seed=D + Sq + 11)
-    finally:
-        P.plan_backward.cache_clear()
+    yield spec
+    P.plan_backward.cache_clear()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("D", [40, 64, 128, 256])
+@pytest.mark.parametrize("B,Sq,Sk", [(1, 1, 33), (1, 33, 1), (2, 63, 130), (1, 257, 1000)])
+@pytest.mark.parametrize("causal", [False, True, "top_left"])
+def test_wgmma_backward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal, wgmma_backward_only):
+    """The sm_90a wgmma backward kernels wherever they fit (mma.sync's tiles taken away):
+    one query or one key, partial and several tiles, GQA, every causal alignment."""
+    from cupyattn import plan as P
+
+    problem = AttentionProblem("float32", D, D, causal, B, 4, 2, Sq, Sk, precision=(precision,))
+    bwd = plan_backward(problem, wgmma_backward_only)
+    wgmma = [isinstance(p.config, P.WgmmaConfig) for p in (bwd.dkdv, bwd.dq)]
+    if not any(wgmma):
+        pytest.skip("no wgmma backward tile fits here (shared memory or registers)")
+    run_backward_and_check(B=B, Sq=Sq, Sk=Sk, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
+                           precision=precision, seed=D + Sq + 11)
 
 
 @pytest.mark.parametrize("precision,D", [("fp32", 136), ("fp32", 200), ("fp32", 232), ("tf32", 240)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_wgmma_dkdv_pads_the_head_dim_to_32_for_its_d_split_tiles(precision, D, causal, monkeypatch):
+def test_wgmma_dkdv_pads_the_head_dim_to_32_for_its_d_split_tiles(precision, D, causal, wgmma_backward_only):
     """Head dims whose other dK/dV tiles spill get the d_split tile with the head dim padded
     to a multiple of 32 (plan.BwdDkdvWgmmaConfig.head_dim_pad_for; 232 -> 256: the ring in
     3xTF32): zeros past the head dim, GQA, partial tiles, Sq != Sk."""
     from cupyattn import plan as P
 
-    spec = current_device()
-    if spec.compute_capability != (9, 0):
-        pytest.skip("wgmma needs an sm_90 GPU")
-    monkeypatch.setattr(P, "BWD_DKDV_MMA_TILES", ())
-    monkeypatch.setattr(P, "BWD_DQ_MMA_TILES", ())
-    P.plan_backward.cache_clear()
-    try:
-        problem = AttentionProblem("float32", D, D, causal, 1, 2, 1, 150, 97, precision=(precision,))
-        cfg = plan_backward(problem, spec).dkdv.config
-        assert isinstance(cfg, P.BwdDkdvWgmmaConfig) and cfg.d_split == 2
-        assert cfg.head_dim_pad == (D + 31) // 32 * 32 > P.mma_head_dim_pad(D)
-        run_backward_and_check(B=1, Sq=150, Sk=97, Hq=2, Hkv=1, D=D, Dv=D, dtype="float32", causal=causal,
-                               precision=precision, seed=D + 5)
-    finally:
-        P.plan_backward.cache_clear()
+    problem = AttentionProblem("float32", D, D, causal, 1, 2, 1, 150, 97, precision=(precision,))
+    cfg = plan_backward(problem, wgmma_backward_only).dkdv.config
+    assert isinstance(cfg, P.BwdDkdvWgmmaConfig) and cfg.d_split == 2
+    assert cfg.head_dim_pad == (D + 31) // 32 * 32 > P.mma_head_dim_pad(D)
+    run_backward_and_check(B=1, Sq=150, Sk=97, Hq=2, Hkv=1, D=D, Dv=D, dtype="float32", causal=causal,
+                           precision=precision, seed=D + 5)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
