@@ -728,7 +728,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
             }
         Tf32Words<PASSES, 4> a[1][N_BLOCKS];  // dS as the register A operand
         a_words(a[0], sdp[1]);
-        regs_by_transposed<PASSES, 1, CN, CHUNKS, N_BLOCKS, KG, D_PAD>(dq_acc, a, {kt_addr}, KV_PART * 4);
+        regs_by_transposed<PASSES, 1, CN, CHUNKS, N_BLOCKS, KG, D_PAD, false, 2>(dq_acc, a, {kt_addr}, KV_PART * 4);
     }
 
     store_wg_acc<CHUNKS, CN>(dq + qb.b * dq_sb + qb.h * dq_sh + (long long)warp_row0 * dq_ss, dq_ss, dq_acc[0], scale,

@@ -224,8 +224,9 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
             Tf32Words<3, 4> q_regs[2];   // Q_IN_REGISTERS: the k-step's A operand, likewise
 #pragma unroll
             for (int ks = 0; ks < K_STEPS; ++ks) {
-                const unsigned ka = k_addr + ks * 2 * (BLOCK_N / 8) * 128;
-                const auto k_big = wgmma_desc<BLOCK_N>(ka), k_small = wgmma_desc<BLOCK_N>(ka + KV_PART * 4);
+                const unsigned ka = ks * 2 * (BLOCK_N / 8) * 128;  // the k-step's bytes on from K's
+                const auto k_big = wgmma_desc<BLOCK_N>(k_addr, ka);
+                const auto k_small = wgmma_desc<BLOCK_N>(k_addr, ka + KV_PART * 4);
                 if constexpr (L::Q_IN_REGISTERS) {
                     // The same split as store_parts, so the products are those of the
                     // shared-memory path.
@@ -239,8 +240,9 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
                     WgS::template rs<true>(step[ks % 2], q_regs[ks % 2].big, k_small);
                     WgS::template rs<true>(step[ks % 2], q_regs[ks % 2].big, k_big);
                 } else {
-                    const unsigned qa = q_addr + ks * 2 * (BLOCK_M / 8) * 128;
-                    const auto q_big = wgmma_desc<BLOCK_M>(qa), q_small = wgmma_desc<BLOCK_M>(qa + Q_PART * 4);
+                    const unsigned qa = ks * 2 * (BLOCK_M / 8) * 128;
+                    const auto q_big = wgmma_desc<BLOCK_M>(q_addr, qa);
+                    const auto q_small = wgmma_desc<BLOCK_M>(q_addr, qa + Q_PART * 4);
                     wgmma_fence();
                     WgS::template ss<false>(step[ks % 2], q_small, k_big);
                     WgS::template ss<true>(step[ks % 2], q_big, k_small);
@@ -274,8 +276,8 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < K_STEPS; ++ks) {
-                const auto qa = wgmma_desc<BLOCK_M>(q_addr + ks * 2 * (BLOCK_M / 8) * 128);
-                const auto kb = wgmma_desc<BLOCK_N>(k_addr + ks * 2 * (BLOCK_N / 8) * 128);
+                const auto qa = wgmma_desc<BLOCK_M>(q_addr, ks * 2 * (BLOCK_M / 8) * 128);
+                const auto kb = wgmma_desc<BLOCK_N>(k_addr, ks * 2 * (BLOCK_N / 8) * 128);
                 if (ks == 0)
                     WgS::template ss<false>(s, qa, kb);
                 else
@@ -347,9 +349,10 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
                     wgmma_fence();
 #pragma unroll
                     for (int kb = k0; kb < k0 + KG; ++kb) {
-                        // V^T core matrix (slot kb * 8 / 4, row c * CN / 8).
-                        const unsigned va = vt_addr + ((kb * 2) * (D_PAD / 8) + c * CN / 8) * 128;
-                        const auto v_big = wgmma_desc<D_PAD>(va), v_small = wgmma_desc<D_PAD>(va + KV_PART * 4);
+                        // V^T core matrix (slot kb * 8 / 4, row c * CN / 8): bytes on from V^T's start.
+                        const unsigned va = ((kb * 2) * (D_PAD / 8) + c * CN / 8) * 128;
+                        const auto v_big = wgmma_desc<D_PAD>(vt_addr, va);
+                        const auto v_small = wgmma_desc<D_PAD>(vt_addr, va + KV_PART * 4);
                         if (kb == k0)
                             WgO::template rs<false>(part, p[kb].small, v_big);
                         else
@@ -377,7 +380,7 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
 #pragma unroll
                 for (int kb = 0; kb < N_BLOCKS; ++kb)
                     WgO::template rs<true>(o_acc[c], p[kb].big,
-                                           wgmma_desc<D_PAD>(vt_addr + ((kb * 2) * (D_PAD / 8) + c * CN / 8) * 128));
+                                           wgmma_desc<D_PAD>(vt_addr, ((kb * 2) * (D_PAD / 8) + c * CN / 8) * 128));
             wgmma_commit();
             wgmma_wait<0>();
 #pragma unroll

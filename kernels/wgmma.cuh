@@ -35,11 +35,18 @@ __host__ __device__ constexpr int core_offset(int r, int k) {
 }
 
 // Descriptor of the 8-column k-step of an R-row tile whose core matrix (kk / 4, 0)
-// is at shared address `addr` (bytes): no swizzle, so bits 62-63 stay 0.
+// is at shared address base + offset (bytes, multiples of 16): no swizzle, so bits
+// 62-63 stay 0. Shared addresses stay below 2^18, so the 14-bit address field (address
+// >> 4) never carries into the leading byte offset at bit 16: the low word is built
+// once per base and each k-step or part adds its offset / 16 (a compile-time constant
+// where the loops unroll), one integer add a descriptor where a mask, a shift and an
+// or of the whole address ran before every wgmma.
 template <int R>
-__device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr) {
-    constexpr unsigned long long LEADING = (R / 8) * 128, STRIDE = 128;
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((LEADING >> 4) << 16) | ((STRIDE >> 4) << 32);
+__host__ __device__ __forceinline__ constexpr unsigned long long wgmma_desc(unsigned base,
+                                                                              unsigned offset = 0) {
+    constexpr unsigned LEADING = (R / 8) * 128, STRIDE = 128;
+    const unsigned lo = ((base >> 4) | ((LEADING >> 4) << 16)) + (offset >> 4);
+    return (unsigned long long)lo | ((unsigned long long)(STRIDE >> 4) << 32);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

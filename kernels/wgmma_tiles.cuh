@@ -151,9 +151,10 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
             wgmma_fence();
 #pragma unroll
             for (int p = 0; p < NP; ++p) {
-                const unsigned a = a_addr[p] + ks * A_STEP, b = b_addr[p] + ks * B_STEP;
-                const auto a_big = wgmma_desc<A_ROWS>(a), a_small = wgmma_desc<A_ROWS>(a + a_part);
-                const auto b_big = wgmma_desc<B_ROWS>(b), b_small = wgmma_desc<B_ROWS>(b + b_part);
+                const auto a_big = wgmma_desc<A_ROWS>(a_addr[p], ks * A_STEP);
+                const auto a_small = wgmma_desc<A_ROWS>(a_addr[p], ks * A_STEP + a_part);
+                const auto b_big = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP);
+                const auto b_small = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP + b_part);
                 Wg::template ss<false>(step[ks % 2][p], a_small, b_big);
                 Wg::template ss<true>(step[ks % 2][p], a_big, b_small);
                 Wg::template ss<true>(step[ks % 2][p], a_big, b_big);
@@ -180,8 +181,8 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
         for (int p = 0; p < NP; ++p)
 #pragma unroll
             for (int ks = 0; ks < K_STEPS; ++ks) {
-                const auto a = wgmma_desc<A_ROWS>(a_addr[p] + ks * A_STEP);
-                const auto b = wgmma_desc<B_ROWS>(b_addr[p] + ks * B_STEP);
+                const auto a = wgmma_desc<A_ROWS>(a_addr[p], ks * A_STEP);
+                const auto b = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP);
                 if (ks == 0)
                     Wg::template ss<false>(d[p], a, b);
                 else
@@ -224,8 +225,8 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
         wgmma_fence();
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
-            const unsigned b = b_addr[p] + ks * B_STEP;
-            const auto b_big = wgmma_desc<B_ROWS>(b), b_small = wgmma_desc<B_ROWS>(b + b_part);
+            const auto b_big = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP);
+            const auto b_small = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP + b_part);
             Wg::template rs<false>(step[ks % 2][p], a[ks % 2][p].small, b_big);
             Wg::template rs<true>(step[ks % 2][p], a[ks % 2][p].big, b_small);
             Wg::template rs<true>(step[ks % 2][p], a[ks % 2][p].big, b_big);
@@ -277,57 +278,73 @@ __device__ __forceinline__ void fence_transposed_operands(float (&acc)[NP][CHUNK
     }
 }
 
-// acc[p][c] (CHUNKS chunks of CN columns) += A_p B_p for NP products, issued together:
-// A_p from registers (K_BLOCKS k-steps of 8, a_words), B_p the transposed tile at
-// bt_addr[p] (D_PAD rows = the output columns, small part B_PART bytes on). 3xTF32 sums
-// at most KG k-steps (3 KG products) per fresh accumulator before its rounded add to acc
-// (scripts/tf32_error_model.py, wgmma column); one TF32 pass adds straight into acc
-// (ISSUE_ONLY as for rows_by_rows; the caller then pins with fence_transposed_operands).
-template <int PASSES, int NP, int CN, int CHUNKS, int K_BLOCKS, int KG, int D_PAD, bool ISSUE_ONLY = false>
+// acc[p][c] (CHUNKS chunks of CN columns) += A_p B_p for NP products: A_p from
+// registers (K_BLOCKS k-steps of 8, a_words), B_p the transposed tile at bt_addr[p]
+// (D_PAD rows = the output columns, small part B_PART bytes on). 3xTF32 sums at most KG
+// k-steps (3 KG products) per fresh accumulator before its rounded add to acc
+// (scripts/tf32_error_model.py, wgmma column), one commit group per (chunk, KG k-steps,
+// product) in that order; with BUFS = 2 fresh accumulators alternate, so that each
+// group's add runs while the next group is on the tensor cores (two products: the same
+// registers as one accumulator each; one product: CN / 2 more a lane). Every acc[p][c]
+// takes its sums in k-step order either way, so the results are the same bit for bit.
+// One TF32 pass adds straight into acc, all products issued together (ISSUE_ONLY as
+// for rows_by_rows; the caller then pins with fence_transposed_operands).
+template <int PASSES, int NP, int CN, int CHUNKS, int K_BLOCKS, int KG, int D_PAD, bool ISSUE_ONLY = false,
+          int BUFS = NP>
 __device__ __forceinline__ void regs_by_transposed(float (&acc)[NP][CHUNKS][CN / 8][4],
                                                    Tf32Words<PASSES, 4> (&a)[NP][K_BLOCKS],
                                                    const unsigned (&bt_addr)[NP], unsigned b_part) {
     using Wg = WgmmaTf32<CN>;
     static_assert(K_BLOCKS % KG == 0, "whole groups of k-steps");
     static_assert(!ISSUE_ONLY || PASSES == 1, "3xTF32 waits between its groups of k-steps");
-    // Core matrix (slot kb * 8 / 4, row c * CN / 8) of a transposed tile.
-    auto b_at = [](unsigned bt, int kb, int c) { return bt + ((kb * 2) * (D_PAD / 8) + c * CN / 8) * 128; };
+    static_assert(BUFS == 1 || BUFS == 2, "one fresh accumulator, or two alternating");
+    // Core matrix (slot kb * 8 / 4, row c * CN / 8) of a transposed tile: bytes on from its start.
+    auto b_at = [](int kb, int c) { return unsigned((kb * 2) * (D_PAD / 8) + c * CN / 8) * 128; };
     if constexpr (PASSES == 3) {
+        constexpr int K_GROUPS = K_BLOCKS / KG, GROUPS = CHUNKS * K_GROUPS * NP;
+        float part[BUFS][CN / 8][4];
+        // Group i's add, once it is done (BUFS - 1 later groups may still run).
+        auto add_group = [&](int i) {
+            const int p = i % NP, k0 = i / NP % K_GROUPS * KG, c = i / NP / K_GROUPS;
 #pragma unroll
-        for (int c = 0; c < CHUNKS; ++c)
-#pragma unroll
-            for (int k0 = 0; k0 < K_BLOCKS; k0 += KG) {
-                float part[NP][CN / 8][4];
-                wgmma_fence();
-#pragma unroll
-                for (int p = 0; p < NP; ++p)
-#pragma unroll
-                    for (int kb = k0; kb < k0 + KG; ++kb) {
-                        const unsigned b = b_at(bt_addr[p], kb, c);
-                        const auto b_big = wgmma_desc<D_PAD>(b), b_small = wgmma_desc<D_PAD>(b + b_part);
-                        if (kb == k0)
-                            Wg::template rs<false>(part[p], a[p][kb].small, b_big);
-                        else
-                            Wg::template rs<true>(part[p], a[p][kb].small, b_big);
-                        Wg::template rs<true>(part[p], a[p][kb].big, b_small);
-                        Wg::template rs<true>(part[p], a[p][kb].big, b_big);
-                    }
-                wgmma_commit();
-                wgmma_wait<0>();
-#pragma unroll
-                for (int p = 0; p < NP; ++p) {
-#pragma unroll
-                    for (int kb = k0; kb < k0 + KG; ++kb) {
-                        fence_operand(a[p][kb].big);
-                        fence_operand(a[p][kb].small);
-                    }
-                    fence_operand(part[p]);
-#pragma unroll
-                    for (int j = 0; j < CN / 8; ++j)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) acc[p][c][j][e] += part[p][j][e];
-                }
+            for (int kb = k0; kb < k0 + KG; ++kb) {
+                fence_operand(a[p][kb].big);
+                fence_operand(a[p][kb].small);
             }
+            fence_operand(part[i % BUFS]);
+#pragma unroll
+            for (int j = 0; j < CN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[p][c][j][e] += part[i % BUFS][j][e];
+        };
+#pragma unroll
+        for (int i = 0; i < GROUPS; ++i) {
+            const int p = i % NP, k0 = i / NP % K_GROUPS * KG, c = i / NP / K_GROUPS;
+            wgmma_fence();
+#pragma unroll
+            for (int kb = k0; kb < k0 + KG; ++kb) {
+                const auto b_big = wgmma_desc<D_PAD>(bt_addr[p], b_at(kb, c));
+                const auto b_small = wgmma_desc<D_PAD>(bt_addr[p], b_at(kb, c) + b_part);
+                if (kb == k0)
+                    Wg::template rs<false>(part[i % BUFS], a[p][kb].small, b_big);
+                else
+                    Wg::template rs<true>(part[i % BUFS], a[p][kb].small, b_big);
+                Wg::template rs<true>(part[i % BUFS], a[p][kb].big, b_small);
+                Wg::template rs<true>(part[i % BUFS], a[p][kb].big, b_big);
+            }
+            wgmma_commit();
+            if constexpr (BUFS == 1) {
+                wgmma_wait<0>();
+                add_group(i);
+            } else if (i > 0) {
+                wgmma_wait<1>();
+                add_group(i - 1);
+            }
+        }
+        if constexpr (BUFS == 2) {
+            wgmma_wait<0>();
+            add_group(GROUPS - 1);
+        }
     } else {
         wgmma_fence();
 #pragma unroll
@@ -336,7 +353,7 @@ __device__ __forceinline__ void regs_by_transposed(float (&acc)[NP][CHUNKS][CN /
             for (int c = 0; c < CHUNKS; ++c)
 #pragma unroll
                 for (int kb = 0; kb < K_BLOCKS; ++kb)
-                    Wg::template rs<true>(acc[p][c], a[p][kb].big, wgmma_desc<D_PAD>(b_at(bt_addr[p], kb, c)));
+                    Wg::template rs<true>(acc[p][c], a[p][kb].big, wgmma_desc<D_PAD>(bt_addr[p], b_at(kb, c)));
         if constexpr (!ISSUE_ONLY) {
             wgmma_commit();
             wgmma_wait<0>();

@@ -164,6 +164,11 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
         assert "LDL" not in text and "STL" not in text
         # Streamed tiles by bulk copy (TMA) from the staging launch's TF32 tiles.
         assert "UBLKCP.S.G" in text and "SYNCS.PHASECHK" in text
+        # Descriptors as a base plus each k-step's constant offset (wgmma.cuh, wgmma_desc): a
+        # few uniform shifts and logic ops in all, not a mask, shift and or before every wgmma
+        # (50-450 of them in the planned kernels before; 4-14 since).
+        uniform_bit_ops = text.count("USHF") + text.count("ULOP3")
+        assert uniform_bit_ops <= 24, (uniform_bit_ops, text.count("HGMMA"))
         staging = cc.sass(cc.compile_only(cfg.staging, arch))
         assert "LDL" not in staging and "STL" not in staging
         return
@@ -253,6 +258,48 @@ def test_wgmma_tf32_probe_compiles_for_sm_90a():
     assert "HGMMA.64x64x8.F32.TF32" in text
     with pytest.raises(cc.CompileError):
         wgmma_probe.compile_cubin("sm_90")
+
+
+WGMMA_DESC_CHECK = r"""
+#include "wgmma.cuh"
+// Every 16-byte aligned base below 2^18 (shared addresses stay below) with offsets
+// that keep the sum below it: wgmma_desc(base, offset) is the descriptor of the
+// whole address as scripts/wgmma_probe.py builds it (masked, shifted, or'ed; measured
+// on the H200).
+template <int R>
+__device__ constexpr bool base_plus_offset_is_the_whole_address() {
+    constexpr unsigned offsets[] = {0, 16, 128, R * 16, R * 32 + 16, 4096, 65536, 131072 + 48, 262128};
+    for (unsigned base = 0; base < (1u << 18); base += 16)
+        for (unsigned offset : offsets) {
+            const unsigned addr = base + offset;
+            if (addr >= (1u << 18)) continue;
+            const unsigned long long whole = (unsigned long long)((addr & 0x3FFFF) >> 4) |
+                                             ((unsigned long long)(R / 8 * 128 >> 4) << 16) | (8ull << 32);
+            if (cupyattn::wgmma_desc<R>(base, offset) != whole || cupyattn::wgmma_desc<R>(addr) != whole)
+                return false;
+        }
+    return true;
+}
+static_assert(base_plus_offset_is_the_whole_address<16>(), "R = 16");
+static_assert(base_plus_offset_is_the_whole_address<64>(), "R = 64");
+static_assert(base_plus_offset_is_the_whole_address<256>(), "R = 256");
+"""
+
+
+def test_wgmma_descriptor_of_a_base_plus_offset_is_that_of_the_whole_address():
+    """wgmma_desc adds a k-step's offset to a base descriptor (one add a wgmma); for every
+    aligned shared address it equals the descriptor built from the whole address, as
+    the probe measured it (a static_assert over all of them, compiled by NVRTC)."""
+    nvrtc = cc._Nvrtc.for_arch("sm_90")
+    prog = nvrtc.create_program(WGMMA_DESC_CHECK, "wgmma_desc_check.cu")
+    try:
+        try:
+            nvrtc.compile_program(prog, list(cc.NVRTC_OPTIONS) + ["-arch=sm_90a", f"-I{cc.kernels_dir()}"]
+                                  + [f"-I{d}" for d in nvrtc.include_dirs])
+        except cc.CompileError as exc:
+            pytest.fail(f"{exc}\n{nvrtc.program_log(prog)}")
+    finally:
+        nvrtc.destroy_program(prog)
 
 
 def test_wgmma_kernels_load_from_a_cubin_compiled_once_for_sm_90a(monkeypatch, tmp_path):
