@@ -728,6 +728,8 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
             }
         Tf32Words<PASSES, 4> a[1][N_BLOCKS];  // dS as the register A operand
         a_words(a[0], sdp[1]);
+        // 3xTF32: two fresh accumulators alternate (BUFS = 2), each chunk's add running while
+        // the next chunk's products do (no spills at the planned tiles; 216 registers at 128).
         regs_by_transposed<PASSES, 1, CN, CHUNKS, N_BLOCKS, KG, D_PAD, false, 2>(dq_acc, a, {kt_addr}, KV_PART * 4);
     }
 
