@@ -318,14 +318,9 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // TF32 parts in core-matrix order, or (L::KV_IN_REGISTERS) float32 words in register A order.
     const float* k_rows_at = k + b * k_sb + h_kv * k_sh + n0 * k_ss;
     const float* v_rows_at = v + b * v_sb + h_kv * v_sh + n0 * v_ss;
-    if constexpr (L::KV_IN_REGISTERS) {
-        a_words_global<BLOCK_N, D_PAD, THREADS>(k_tile, k_rows_at, k_ss, k_rows - n0, head_dim);
-        a_words_global<BLOCK_N, D_PAD, THREADS>(v_tile, v_rows_at, v_ss, seqlen_k - n0, head_dim_v);
-    } else {
-        split_rows_global<PASSES, BLOCK_N, D_PAD, THREADS>(k_tile, KV_PART, k_rows_at, k_ss, k_rows - n0, head_dim);
-        split_rows_global<PASSES, BLOCK_N, D_PAD, THREADS>(v_tile, KV_PART, v_rows_at, v_ss, seqlen_k - n0,
-                                                           head_dim_v);
-    }
+    constexpr bool KV_WORDS = L::KV_IN_REGISTERS;
+    kept_tile_global<KV_WORDS, PASSES, BLOCK_N, D_PAD, THREADS>(k_tile, k_rows_at, k_ss, k_rows - n0, head_dim);
+    kept_tile_global<KV_WORDS, PASSES, BLOCK_N, D_PAD, THREADS>(v_tile, v_rows_at, v_ss, seqlen_k - n0, head_dim_v);
 
     // Work items: (query head of the group, query tile), query tiles that can see a key
     // of this block only (causal: from n0 - causal_offset on). Q, dO (and lse, delta)
@@ -641,14 +636,9 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     // core-matrix order, or (L::Q_IN_REGISTERS) float32 words in register A order.
     const float* q_rows = q + qb.b * q_sb + qb.h * q_sh + m0 * q_ss;
     const float* do_rows = dout + qb.b * do_sb + qb.h * do_sh + m0 * do_ss;
-    if constexpr (L::Q_IN_REGISTERS) {
-        a_words_global<BLOCK_M, D_PAD, THREADS>(q_tile, q_rows, q_ss, seqlen_q - m0, head_dim);
-        a_words_global<BLOCK_M, D_PAD, THREADS>(do_tile, do_rows, do_ss, seqlen_q - m0, head_dim_v);
-    } else {
-        split_rows_global<PASSES, BLOCK_M, D_PAD, THREADS>(q_tile, Q_PART, q_rows, q_ss, seqlen_q - m0, head_dim);
-        split_rows_global<PASSES, BLOCK_M, D_PAD, THREADS>(do_tile, Q_PART, do_rows, do_ss, seqlen_q - m0,
-                                                           head_dim_v);
-    }
+    constexpr bool Q_WORDS = L::Q_IN_REGISTERS;
+    kept_tile_global<Q_WORDS, PASSES, BLOCK_M, D_PAD, THREADS>(q_tile, q_rows, q_ss, seqlen_q - m0, head_dim);
+    kept_tile_global<Q_WORDS, PASSES, BLOCK_M, D_PAD, THREADS>(do_tile, do_rows, do_ss, seqlen_q - m0, head_dim_v);
 
     // This thread's rows (g and g + 8 of the warp): lse (base 2) and delta.
     float lse_log2[2], dlt[2];

@@ -13,6 +13,7 @@
 //   transpose_core_tile   a tile's transpose, words moved within shared memory
 //   a_words_global     float32 rows of global memory -> each lane's register A words of
 //                      every k-step, float32 (split into TF32 parts as they are used)
+//   kept_tile_global   either of those two for a tile a block keeps (words or parts)
 //   rows_by_rows       d = A B^T, A 64 rows and B N rows of such tiles, in shared memory
 //   words_by_rows      the same (3xTF32), A from a_words_global's words through registers
 //   regs_by_transposed acc += A B, A in registers (from accumulators), B a transposed tile
@@ -108,6 +109,18 @@ __device__ __forceinline__ void a_words_global(float* tile, const float* src, lo
         tile[at + 8] = x.z;
         tile[at + 12] = x.w;
     }
+}
+
+// R global rows as the tile a block keeps for its whole life: float32 words in register
+// A order (WORDS: a_words_global, split where they are used) or TF32 parts in
+// core-matrix order, R * D_PAD words apart (split_rows_global).
+template <bool WORDS, int PASSES, int R, int D_PAD, int THREADS>
+__device__ __forceinline__ void kept_tile_global(float* tile, const float* src, long long stride, int valid_rows,
+                                                 int valid_cols) {
+    if constexpr (WORDS)
+        a_words_global<R, D_PAD, THREADS>(tile, src, stride, valid_rows, valid_cols);
+    else
+        split_rows_global<PASSES, R, D_PAD, THREADS>(tile, R * D_PAD, src, stride, valid_rows, valid_cols);
 }
 
 template <int NB>
