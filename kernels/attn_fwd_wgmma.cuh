@@ -222,6 +222,9 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
         if constexpr (PASSES == 3) {
             float step[2][N_BLOCKS][4];  // k-steps alternate between two fresh accumulators
             Tf32Words<3, 4> q_regs[2];   // Q_IN_REGISTERS: the k-step's A operand, likewise
+            // Q_IN_REGISTERS: the next k-step's words, read one k-step ahead (before the wait
+            // for the last products, as words_by_rows reads them).
+            float4 q_next = L::Q_IN_REGISTERS ? q_words[0] : float4{};
 #pragma unroll
             for (int ks = 0; ks < K_STEPS; ++ks) {
                 const unsigned ka = ks * 2 * (BLOCK_N / 8) * 128;  // the k-step's bytes on from K's
@@ -230,11 +233,11 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
                 if constexpr (L::Q_IN_REGISTERS) {
                     // The same split as store_parts, so the products are those of the
                     // shared-memory path.
-                    const float4 x = q_words[ks * 32];
-                    q_regs[ks % 2].set(0, x.x);
-                    q_regs[ks % 2].set(1, x.y);
-                    q_regs[ks % 2].set(2, x.z);
-                    q_regs[ks % 2].set(3, x.w);
+                    q_regs[ks % 2].set(0, q_next.x);
+                    q_regs[ks % 2].set(1, q_next.y);
+                    q_regs[ks % 2].set(2, q_next.z);
+                    q_regs[ks % 2].set(3, q_next.w);
+                    if (ks + 1 < K_STEPS) q_next = q_words[(ks + 1) * 32];
                     wgmma_fence();
                     WgS::template rs<false>(step[ks % 2], q_regs[ks % 2].small, k_big);
                     WgS::template rs<true>(step[ks % 2], q_regs[ks % 2].big, k_small);

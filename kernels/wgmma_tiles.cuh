@@ -214,8 +214,10 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 // rows_by_rows in 3xTF32 with each A_p from this warp's words of a_words_global's
 // tile (a_words[p]: this lane's word of k-step 0; k-step ks at a_words[p][ks * 32]),
 // split into TF32 parts per k-step in registers as store_parts splits them, so the
-// products, their order and the adds are rows_by_rows's. The next k-step's words are
-// loaded while the last one's products run (two sets alternate, as the accumulators).
+// products, their order and the adds are rows_by_rows's. Two sets of split words
+// alternate, as the accumulators, and each k-step's words are read from shared memory
+// one k-step ahead, before the wait for the last products: the wait's memory clobber
+// keeps a load after it, where the split would stall on its latency.
 template <int NP, int N, int K_STEPS, int B_ROWS>
 __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const float4* const (&a_words)[NP],
                                               const unsigned (&b_addr)[NP], unsigned b_part) {
@@ -225,15 +227,18 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
     for (int p = 0; p < NP; ++p) zero_acc(d[p]);
     float step[2][NP][N / 8][4];
     Tf32Words<3, 4> a[2][NP];
+    float4 words[NP];  // the next k-step's
+#pragma unroll
+    for (int p = 0; p < NP; ++p) words[p] = a_words[p][0];
 #pragma unroll
     for (int ks = 0; ks < K_STEPS; ++ks) {
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
-            const float4 x = a_words[p][ks * 32];
-            a[ks % 2][p].set(0, x.x);
-            a[ks % 2][p].set(1, x.y);
-            a[ks % 2][p].set(2, x.z);
-            a[ks % 2][p].set(3, x.w);
+            a[ks % 2][p].set(0, words[p].x);
+            a[ks % 2][p].set(1, words[p].y);
+            a[ks % 2][p].set(2, words[p].z);
+            a[ks % 2][p].set(3, words[p].w);
+            if (ks + 1 < K_STEPS) words[p] = a_words[p][(ks + 1) * 32];
         }
         wgmma_fence();
 #pragma unroll
