@@ -1,0 +1,33 @@
+"""scripts/same_bits.py's comparison (the GPU part runs on a device: BENCHMARKS.md)."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from same_bits import differing  # noqa: E402
+
+
+def test_identical_arrays_are_the_same_nan_included():
+    x = np.array([1.0, np.nan, -2.5, 0.0], dtype=np.float32)
+    assert differing({"a": x}, {"a": x.copy()}) == []
+
+
+def test_one_ulp_and_the_sign_of_zero_differ():
+    x = np.array([1.0, 0.0], dtype=np.float32)
+    ulp = x.copy()
+    ulp[0] = np.nextafter(np.float32(1.0), np.float32(2.0))
+    negative_zero = x.copy()
+    negative_zero[1] = -0.0
+    assert [k for k, _ in differing({"a": x, "b": x}, {"a": ulp, "b": negative_zero})] == ["a", "b"]
+    (_, delta), = differing({"a": x}, {"a": ulp})
+    assert delta == np.spacing(np.float32(1.0))
+
+
+def test_shape_dtype_or_a_missing_array_differ():
+    x = np.zeros((2, 3), dtype=np.float32)
+    got = differing({"shape": x, "dtype": x, "gone": x}, {"shape": x.reshape(3, 2), "dtype": x.astype(np.float64)})
+    assert [k for k, _ in got] == ["dtype", "gone", "shape"]
+    assert all(np.isnan(d) for _, d in got)
