@@ -6,6 +6,9 @@ pair only (skip the warm-up launches with --launch-skip). On the GPU machine:
     ncu --clock-control none -k 'regex:attn_(fwd|bwd_dkdv|bwd_dq)_(mma|wgmma)' --launch-skip 3 \\
         --launch-count 3 --section SpeedOfLight --section WarpStateStats \\
         python3 scripts/profile_case.py --dim 128 --seqlen 4096
+
+With `--set full -o REPORT`, `scripts/sass_mix.py` sums the report's SASS page
+(instructions executed and stall samples) by opcode and lists the hottest instructions.
 """
 
 import argparse
