@@ -68,23 +68,35 @@ def differing(before, after) -> list:
     return out
 
 
-def main():
+def worker_command(tree: str, out: str) -> list:
+    """The command line of one tree's worker process."""
+    return [sys.executable, __file__, "--worker", tree, out]
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", required=True, help="directory holding the earlier tree's cupyattn/ and kernels/")
+    # Not required=True: the worker's command line (worker_command) names no --before.
+    parser.add_argument("--before", help="directory holding the earlier tree's cupyattn/ and kernels/")
     parser.add_argument("--after", default=str(ROOT), help="the tree to compare (default: this checkout)")
     parser.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main():
+    args = build_parser().parse_args()
     if args.worker:
         _worker(*args.worker)
         return 0
+    if args.before is None:
+        build_parser().error("--before: expected the directory of the earlier tree, got nothing")
     for tree in (args.before, args.after):
         if not (Path(tree) / "cupyattn" / "__init__.py").is_file():
-            parser.error(f"--before / --after: expected a directory with cupyattn/ and kernels/, got {tree!r}")
+            build_parser().error(f"--before / --after: expected a directory with cupyattn/ and kernels/, got {tree!r}")
     with tempfile.TemporaryDirectory() as tmp:
         files = []
         for i, tree in enumerate((args.before, args.after)):
             out = str(Path(tmp) / f"tree{i}.npz")
-            subprocess.run([sys.executable, __file__, "--worker", tree, out], check=True)
+            subprocess.run(worker_command(tree, out), check=True)
             files.append(np.load(out))
         before, after = ({key: f[key] for key in f.files} for f in files)
         diffs = differing(before, after)

@@ -7,7 +7,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from same_bits import differing  # noqa: E402
+from same_bits import build_parser, differing, worker_command  # noqa: E402
 
 
 def test_identical_arrays_are_the_same_nan_included():
@@ -31,3 +31,21 @@ def test_shape_dtype_or_a_missing_array_differ():
     got = differing({"shape": x, "dtype": x, "gone": x}, {"shape": x.reshape(3, 2), "dtype": x.astype(np.float64)})
     assert [k for k, _ in got] == ["dtype", "gone", "shape"]
     assert all(np.isnan(d) for _, d in got)
+
+
+def test_the_worker_command_line_parses_without_before():
+    # The worker is started without --before; a required --before made it exit with a
+    # usage error (status 2) on the first H200 run of this script.
+    args = build_parser().parse_args(worker_command("some/tree", "out.npz")[2:])
+    assert args.worker == ["some/tree", "out.npz"]
+
+
+def test_the_comparison_without_before_is_a_usage_error(monkeypatch, capsys):
+    import pytest
+
+    import same_bits
+    monkeypatch.setattr(sys, "argv", ["same_bits.py"])
+    with pytest.raises(SystemExit) as exit_info:
+        same_bits.main()
+    assert exit_info.value.code == 2
+    assert "--before" in capsys.readouterr().err
