@@ -644,8 +644,9 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
     """``attn_bwd_dkdv_wgmma``: dK and dV on warpgroup MMA (kernels/attn_bwd_wgmma.cuh);
     each warpgroup owns 64 keys, Q and dO tiles of ``block_m`` rows stream. Where
     ``num_warps * 16`` is twice ``block_n`` (``d_split`` = 2), two warpgroups share their
-    64 keys, each with half of dK's and dV's columns (and S^T, dP^T computed by both): at
-    head dims whose accumulators one warpgroup's registers do not hold."""
+    64 keys, each with half of dK's and dV's columns (one computes S^T, the other dP^T,
+    and they swap them through shared memory): at head dims whose accumulators one
+    warpgroup's registers do not hold."""
 
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dkdv_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::BwdDkdvWgmmaLayout"

@@ -12,8 +12,8 @@
 //
 // attn_bwd_dkdv_wgmma: a block owns BLOCK_N keys of one key/value head, 64 per
 //   warpgroup, or 64 per pair of warpgroups that each keep half of dK's and dV's
-//   columns (D_SPLIT = 2, where one warpgroup's registers do not hold them; both compute
-//   S^T and dP^T); K and V stay in shared memory (split once, or in 3xTF32 from head dim
+//   columns (D_SPLIT = 2, where one warpgroup's registers do not hold them; the first
+//   computes S^T, the second dP^T, and they swap them through shared memory); K and V stay in shared memory (split once, or in 3xTF32 from head dim
 //   128 as float32 words split per k-step in registers); Q and dO tiles of BLOCK_M
 //   query rows stream over every query head of the GQA group:
 //     S^T  = K Q^T,  dP^T = V dO^T                 (both operands in shared memory)
@@ -278,7 +278,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     constexpr int K_STEPS = D_PAD / 8;     // k-steps of K Q^T and V dO^T
     constexpr int M_BLOCKS = BLOCK_M / 8;  // 8-query column blocks of S^T, the k-steps of dV and dK
     // D_SPLIT warpgroups share 64 keys, each with its share of dK's and dV's columns
-    // (S^T and dP^T computed by each): the accumulators of head dims past one warpgroup's
+    // (S^T by one, dP^T by the other, swapped): the accumulators of head dims past one warpgroup's
     // registers (plan.BwdDkdvWgmmaConfig.d_split).
     constexpr int D_SPLIT = 16 * NUM_WARPS / BLOCK_N, D_WG = D_PAD / D_SPLIT;
     constexpr int CN = chunk_columns<PASSES, D_WG>();
@@ -287,6 +287,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     static_assert(NUM_WARPS % 4 == 0 && BLOCK_N % 64 == 0 && BLOCK_N * D_SPLIT == 16 * NUM_WARPS &&
                   (D_SPLIT == 1 || D_SPLIT == 2), "each warpgroup owns 64 keys, one or two share them");
     static_assert(D_WG % 16 == 0 && (!FUSED || D_SPLIT == 1), "a warpgroup's columns");
+    static_assert(D_SPLIT == 1 || BLOCK_N == 64, "one pair a block: its swap of S^T and dP^T meets at __syncthreads");
     static_assert(BLOCK_M == 16 || BLOCK_M == 32 || BLOCK_M == 64, "wgmma.cuh has n16, n32, n64");
     static_assert(D_PAD % 16 == 0 && M_BLOCKS % KG == 0, "tile shape");
     static_assert(!FUSED || D_PAD % 64 == 0, "dQ^T = K^T dS^T: 64 head-dim rows a wgmma");
@@ -436,7 +437,55 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         const float* delta_tile = lse_tile + BLOCK_M;
 
         float sdp[2][M_BLOCKS][4];  // S^T, dP^T
-        if constexpr (L::RING) {
+        if constexpr (D_SPLIT == 2) {
+            // The pair's first warpgroup computes S^T = K Q^T, the second dP^T = V dO^T
+            // (products with head-dim k, two thirds of the work at 256), each in the same
+            // order as one warpgroup does both; each writes its product over the operand
+            // tile it has just used (Q's, dO's) and reads the other's back.
+            const int product = wg % 2;  // 0: S^T, 1: dP^T
+            float own[M_BLOCKS][4];
+            // S^T over Q's tile, dP^T over dO's.
+            float4* const swap[2] = {reinterpret_cast<float4*>(L::RING ? ring_slot(4 * item + 1) : tiles),
+                                     reinterpret_cast<float4*>(L::RING ? ring_slot(4 * item) : tiles + L::TILE_M)};
+            if constexpr (L::RING) {
+                // Each warpgroup waits for its operand's tile only; its next wait on the
+                // other's barrier comes after the __syncthreads below, so after that
+                // tile's phase has completed (a parity wait must not skip a phase).
+                ring_wait(item, product == 0 ? 1 : 0);
+            } else {
+                mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
+            }
+            if constexpr (L::KV_IN_REGISTERS)
+                words_by_rows<1, BLOCK_M, K_STEPS, BLOCK_M>(just_one(own), {product == 0 ? k_words : v_words},
+                                                            {product == 0 ? q_addr : do_addr}, Q_PART * 4);
+            else
+                rows_by_rows<PASSES, 1, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(
+                    just_one(own), {product == 0 ? k_addr : v_addr}, KV_PART * 4, {product == 0 ? q_addr : do_addr},
+                    Q_PART * 4);
+            // Lane-contiguous float4s, a warp's 16 keys at a time: no bank conflicts.
+            const int swap_at = (warp % 4) * M_BLOCKS * 32 + lane;
+            float4* own_swap = (product == 0 ? swap[0] : swap[1]) + swap_at;
+#pragma unroll
+            for (int j = 0; j < M_BLOCKS; ++j) own_swap[j * 32] = make_float4(own[j][0], own[j][1], own[j][2], own[j][3]);
+            __syncthreads();  // both products written (each over the tile only its own product read)
+#pragma unroll
+            for (int p = 0; p < 2; ++p)
+#pragma unroll
+                for (int j = 0; j < M_BLOCKS; ++j) {
+                    const float4 x = swap[p][swap_at + j * 32];
+                    sdp[p][j][0] = x.x, sdp[p][j][1] = x.y, sdp[p][j][2] = x.z, sdp[p][j][3] = x.w;
+                }
+            fence_proxy_async();  // these reads before the copies that refill the tiles
+            if constexpr (L::RING || L::SPLIT_STAGE)
+                __syncthreads();  // (with two stages, the next item's first barrier orders them)
+            if constexpr (L::RING) {
+                if (threadIdx.x == 0) {
+                    ring_fetch(item, 3);
+                    if (item + 1 < n_items) ring_fetch(item + 1, 0);
+                }
+                ring_wait(item, 2);
+            }
+        } else if constexpr (L::RING) {
             ring_wait(item, 0);
             words_by_rows<1, BLOCK_M, K_STEPS, BLOCK_M>(just_one(sdp[1]), {v_words}, {do_addr}, Q_PART * 4);
             ring_wait(item, 1);
@@ -457,7 +506,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
                                                                             {q_addr, do_addr}, Q_PART * 4);
         }
         if constexpr (L::SPLIT_STAGE) {
-            __syncthreads();  // every warpgroup is done with Q and dO
+            if constexpr (D_SPLIT == 1) __syncthreads();  // every warpgroup is done with Q and dO
             if (threadIdx.x == 0 && item + 1 < n_items) fetch_rows(item + 1);
             if (idle) continue;
             mbarrier_wait(&barriers[1], item % 2);

@@ -9,7 +9,7 @@ The other tree is made as for scripts/ab_trees.py:
     mkdir -p ab_before && git archive REV cupyattn kernels | tar -x -C ab_before
     PYTHONPATH=. python scripts/same_bits.py --before ab_before [--after .]
 
-Cases: float32 "fp32" at head dims 64, 128, 200, 256 and "tf32" at 64, 128, causal and
+Cases: float32 "fp32" at head dims 64, 128, 200, 256 and "tf32" at 64, 128, 256, causal and
 not, B=2, H=4, Sq=1000, Sk=1100 (deterministic backward). Prints each array that
 differs, then `bitwise: N same, M differ`; exits 1 if any differs.
 """
@@ -24,7 +24,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [(d, causal, "fp32") for d in (64, 128, 200, 256) for causal in (False, True)]
-CASES += [(d, causal, "tf32") for d in (64, 128) for causal in (False, True)]
+CASES += [(d, causal, "tf32") for d in (64, 128, 256) for causal in (False, True)]
 
 
 def _worker(tree: str, out: str):
