@@ -193,7 +193,7 @@ class MmaConfig:
         return self.num_warps * 32
 
     @classmethod
-    def head_dim_pad_for(cls, head_dim: int, block_n: int, num_warps: int) -> int:
+    def head_dim_pad_for(cls, head_dim: int, block_m: int, block_n: int, num_warps: int) -> int:
         """The padded head dim (a template parameter) of this kernel's tile for ``head_dim``."""
         return mma_head_dim_pad(head_dim)
 
@@ -684,7 +684,7 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
     KV_IN_REGISTERS_FROM: ClassVar[int] = 128  # kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::KV_IN_REGISTERS
 
     @classmethod
-    def head_dim_pad_for(cls, head_dim: int, block_n: int, num_warps: int) -> int:
+    def head_dim_pad_for(cls, head_dim: int, block_m: int, block_n: int, num_warps: int) -> int:
         """Two warpgroups that share 64 keys (d_split 2) each take half of the head dim in
         whole 16-column tiles: padded to a multiple of 32 (144 -> 160, 240 -> 256; zeros past
         head_dim), so that these tiles also serve the head dims where every other tile
@@ -773,7 +773,11 @@ class BwdFusedWgmmaConfig(BwdDkdvWgmmaConfig):
 @dataclasses.dataclass(frozen=True)
 class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
     """``attn_bwd_dq_wgmma``: dQ on warpgroup MMA (kernels/attn_bwd_wgmma.cuh); each
-    warpgroup owns 64 query rows, K and V tiles of ``block_n`` keys stream."""
+    warpgroup owns 64 query rows, K and V tiles of ``block_n`` keys stream. Where
+    ``num_warps * 16`` is twice ``block_m`` (``d_split`` = 2, a block of 64 rows), two
+    warpgroups share the rows, each with half of dQ's columns (one computes S, the other
+    dP, and they swap them through shared memory): twice the warps where only 64 rows of
+    Q and dO fit (3xTF32 from head dim 160)."""
 
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dq_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::BwdDqWgmmaLayout"
@@ -782,8 +786,22 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
     SPLIT_ONE_STAGE: ClassVar[str] = "K, V | K^T"
 
     @property
+    def d_split(self) -> int:
+        return max(1, self.num_warps * 16 // self.block_m)
+
+    @property
     def valid(self) -> bool:
-        return self._valid_tile(owned=self.block_m, streamed=self.block_n)
+        return (self._valid_tile(owned=self.block_m * self.d_split, streamed=self.block_n)
+                and (self.d_split == 1 or (self.d_split == 2 and self.block_m == 64))
+                and self.head_dim_pad % (16 * self.d_split) == 0)
+
+    @classmethod
+    def head_dim_pad_for(cls, head_dim: int, block_m: int, block_n: int, num_warps: int) -> int:
+        """A pair of warpgroups (d_split 2) takes half of the head dim each in whole
+        16-column tiles: padded to a multiple of 32, as dK/dV's d_split tiles."""
+        if num_warps * 16 // block_m >= 2:
+            return (head_dim + 31) // 32 * 32
+        return mma_head_dim_pad(head_dim)
 
     Q_IN_REGISTERS_FROM: ClassVar[int] = 128  # kernels/attn_bwd_wgmma.cuh, BwdDqWgmmaLayout::Q_IN_REGISTERS
 
@@ -811,8 +829,8 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
         return StagingConfig("dq keys", self.precision, self.head_dim_pad, self.block_n)
 
     @property
-    def accumulators_per_lane(self) -> int:  # dQ (head_dim), S and dP (block_n each)
-        return (self.head_dim_pad + 2 * self.block_n) // 2
+    def accumulators_per_lane(self) -> int:  # dQ (head_dim / d_split), S and dP (block_n each)
+        return (self.head_dim_pad // self.d_split + 2 * self.block_n) // 2
 
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
         # As for dK/dV: from every listed tile at head dims 16-256 through ptxas.
@@ -1204,6 +1222,8 @@ BWD_DQ_WGMMA_TILES = (
     (192, 32, 12),
     (128, 16, 8),
     (128, 64, 8),
+    (64, 32, 8),  # d_split 2: two warpgroups share 64 query rows
+    (64, 16, 8),
     (64, 16, 4),
     (64, 32, 4),
     (64, 64, 4),
@@ -1326,7 +1346,7 @@ def _mma_candidates(cls, tiles, problem: AttentionProblem, device: DeviceSpec, m
     for block_m, block_n, warps in _tile_order(cls, tiles, precision):
         if block_m > max(16, max_block_m) or block_n > max(16, max_block_n):
             continue
-        d_pad = cls.head_dim_pad_for(problem.head_dim, block_n, warps)
+        d_pad = cls.head_dim_pad_for(problem.head_dim, block_m, block_n, warps)
         cfg = cls(problem.dtype, precision, d_pad, block_m, block_n, warps, bool(problem.causal))
         if not cfg.valid:
             continue

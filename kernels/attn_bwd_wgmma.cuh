@@ -626,10 +626,17 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     constexpr int THREADS = NUM_WARPS * 32;
     constexpr int K_STEPS = D_PAD / 8;
     constexpr int N_BLOCKS = BLOCK_N / 8;  // 8-key column blocks of S, the k-steps of dS K
-    constexpr int CN = chunk_columns<PASSES, D_PAD>();
-    constexpr int CHUNKS = D_PAD / CN;
+    // D_SPLIT = 2: two warpgroups share 64 query rows, each with half of dQ's columns; the
+    // first computes S, the second dP, and they swap them through shared memory
+    // (plan.BwdDqWgmmaConfig.d_split: at head dims where one warpgroup a block is all
+    // that fits, twice the warps to hide the split's and the adds' latency).
+    constexpr int D_SPLIT = 16 * NUM_WARPS / BLOCK_M, D_WG = D_PAD / D_SPLIT;
+    constexpr int CN = chunk_columns<PASSES, D_WG>();
+    constexpr int CHUNKS = D_WG / CN;
     constexpr int KG = PASSES == 3 && N_BLOCKS > 4 ? 4 : N_BLOCKS;
-    static_assert(NUM_WARPS % 4 == 0 && BLOCK_M == 16 * NUM_WARPS, "each warpgroup owns 64 query rows");
+    static_assert(NUM_WARPS % 4 == 0 && BLOCK_M * D_SPLIT == 16 * NUM_WARPS && (D_SPLIT == 1 || BLOCK_M == 64),
+                  "each warpgroup owns 64 query rows, or a pair (the only one of its block) shares them");
+    static_assert(D_WG % 16 == 0, "a warpgroup's columns");
     static_assert(BLOCK_N == 16 || BLOCK_N == 32 || BLOCK_N == 64, "wgmma.cuh has n16, n32, n64");
     static_assert(D_PAD % 16 == 0 && N_BLOCKS % KG == 0, "tile shape");
     constexpr int Q_PART = BLOCK_M * D_PAD, KV_PART = BLOCK_N * D_PAD;
@@ -643,11 +650,12 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     unsigned long long* barriers = reinterpret_cast<unsigned long long*>(smem + L::barriers);
 
     const int warp = threadIdx.x / 32, wg = warp / 4;
+    const int row_wg = wg / D_SPLIT, col0 = wg % D_SPLIT * D_WG;  // its 64 rows, its first dQ column
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const QueryBlock qb = query_block<CAUSAL, BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
     const int m0 = qb.m0;
-    const int wg_row0 = m0 + wg * 64;
+    const int wg_row0 = m0 + row_wg * 64;
     const int warp_row0 = wg_row0 + (warp % 4) * 16;
     // K and V come through kv_staged (stage_keys_tf32<..., true>); k_*, v_* stay in the
     // launch signature every dQ kernel shares.
@@ -702,11 +710,13 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     float dq_acc[1][CHUNKS][CN / 8][4];
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) zero_acc(dq_acc[0][c]);
-    const unsigned q_addr = wg_smem_addr(q_tile) + wg * 8 * 128;  // the warpgroup's 8 row groups
-    const unsigned do_addr = wg_smem_addr(do_tile) + wg * 8 * 128;
+    const unsigned q_addr = wg_smem_addr(q_tile) + row_wg * 8 * 128;  // the warpgroup's 8 row groups
+    const unsigned do_addr = wg_smem_addr(do_tile) + row_wg * 8 * 128;
     // L::Q_IN_REGISTERS: this lane's words of k-step 0 in its warp's 16 rows.
-    const float4* q_words = reinterpret_cast<const float4*>(q_tile) + warp * K_STEPS * 32 + lane;
-    const float4* do_words = reinterpret_cast<const float4*>(do_tile) + warp * K_STEPS * 32 + lane;
+    const int row_warp = row_wg * 4 + warp % 4;
+    const float4* q_words = reinterpret_cast<const float4*>(q_tile) + row_warp * K_STEPS * 32 + lane;
+    const float4* do_words = reinterpret_cast<const float4*>(do_tile) + row_warp * K_STEPS * 32 + lane;
+    const unsigned col_bytes = col0 / 8 * 128;  // its columns' core matrices in the K^T tile
     fence_proxy_async();
     __syncthreads();  // Q's and dO's TF32 tiles written (and visible to wgmma)
 
@@ -728,7 +738,37 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
         const bool idle = CAUSAL && n0 > wg_row0 + 63 + causal_offset;  // uniform per warpgroup
         float sdp[2][N_BLOCKS][4];  // S, dP
         auto scores = [&] {
-            if constexpr (L::Q_IN_REGISTERS)
+            if constexpr (D_SPLIT == 2) {
+                // As dK/dV's pair: each computes one product, in the order one warpgroup
+                // computes both, writes it over the tile only it has read (S over K's, dP
+                // over V's) and reads the other's back. The caller's next barrier orders
+                // these reads before the copies that refill the tiles.
+                const int product = wg % 2;  // 0: S, 1: dP
+                float own[N_BLOCKS][4];
+                if constexpr (L::Q_IN_REGISTERS)
+                    words_by_rows<1, BLOCK_N, K_STEPS, BLOCK_N>(just_one(own), {product == 0 ? q_words : do_words},
+                                                                {product == 0 ? k_addr : v_addr}, KV_PART * 4);
+                else
+                    rows_by_rows<PASSES, 1, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(
+                        just_one(own), {product == 0 ? q_addr : do_addr}, Q_PART * 4, {product == 0 ? k_addr : v_addr},
+                        KV_PART * 4);
+                float4* const swap[2] = {reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES),
+                                         reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES + L::TILE_N)};
+                const int swap_at = (warp % 4) * N_BLOCKS * 32 + lane;  // lane-contiguous: no bank conflicts
+                float4* own_swap = (product == 0 ? swap[0] : swap[1]) + swap_at;
+#pragma unroll
+                for (int j = 0; j < N_BLOCKS; ++j)
+                    own_swap[j * 32] = make_float4(own[j][0], own[j][1], own[j][2], own[j][3]);
+                __syncthreads();  // both products written
+#pragma unroll
+                for (int p = 0; p < 2; ++p)
+#pragma unroll
+                    for (int j = 0; j < N_BLOCKS; ++j) {
+                        const float4 x = swap[p][swap_at + j * 32];
+                        sdp[p][j][0] = x.x, sdp[p][j][1] = x.y, sdp[p][j][2] = x.z, sdp[p][j][3] = x.w;
+                    }
+                fence_proxy_async();
+            } else if constexpr (L::Q_IN_REGISTERS)
                 words_by_rows<2, BLOCK_N, K_STEPS, BLOCK_N>(sdp, {q_words, do_words}, {k_addr, v_addr}, KV_PART * 4);
             else
                 rows_by_rows<PASSES, 2, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(sdp, {q_addr, do_addr}, Q_PART * 4,
@@ -769,11 +809,12 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
         a_words(a[0], sdp[1]);
         // 3xTF32: two fresh accumulators alternate (BUFS = 2), each chunk's add running while
         // the next chunk's products do (no spills at the planned tiles; 216 registers at 128).
-        regs_by_transposed<PASSES, 1, CN, CHUNKS, N_BLOCKS, KG, D_PAD, false, 2>(dq_acc, a, {kt_addr}, KV_PART * 4);
+        regs_by_transposed<PASSES, 1, CN, CHUNKS, N_BLOCKS, KG, D_PAD, false, 2>(dq_acc, a, {kt_addr + col_bytes},
+                                                                              KV_PART * 4);
     }
 
-    store_wg_acc<CHUNKS, CN>(dq + qb.b * dq_sb + qb.h * dq_sh + (long long)warp_row0 * dq_ss, dq_ss, dq_acc[0], scale,
-                             seqlen_q - warp_row0, head_dim, lane);
+    store_wg_acc<CHUNKS, CN>(dq + qb.b * dq_sb + qb.h * dq_sh + (long long)warp_row0 * dq_ss + col0, dq_ss, dq_acc[0],
+                             scale, seqlen_q - warp_row0, head_dim - col0, lane);
 }
 
 }  // namespace cupyattn

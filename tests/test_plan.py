@@ -480,7 +480,10 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     # "fp32" at 256: dK/dV streams its query tiles through a ring of three slots (a whole
     # staged tile does not fit beside K and V's words), dQ keeps Q and dO as words.
     dkdv, dq = plans("fp32", 256)
-    assert tiles([dkdv, dq]) == [("wgmma", (16, 64, 8)), ("wgmma", (64, 16, 4))] and dkdv.ring
+    assert tiles([dkdv, dq]) == [("wgmma", (16, 64, 8)), ("wgmma", (64, 16, 8))] and dkdv.ring
+    # dQ: only 64 rows of Q and dO fit, so two warpgroups share them (d_split 2), each with
+    # half of dQ's columns; "tf32" takes 32-key tiles there.
+    assert dq.d_split == 2 and plans("tf32", 256)[1].block_n == 32 and plans("tf32", 256)[1].d_split == 2
     assert dkdv.layout["q_tiles"].shape == (3, 2 * 16 * 256 + 2 * 16) and dkdv.layout["barriers"].shape == (1, 3)
     assert "ring" in dkdv.layout["q_tiles"].note and dkdv.layout.total == 2 * 64 * 256 * 4 + 3 * 32896 + 24
     assert not plans("fp32", 192)[0].ring and not plans("tf32", 256)[0].ring
@@ -489,12 +492,19 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     for precision, d, pad in (("fp32", 144, 160), ("fp32", 208, 224), ("fp32", 240, 256), ("tf32", 240, 256)):
         dkdv, _ = plans(precision, d)
         assert tiles([dkdv]) == [("wgmma", (16, 64, 8))] and dkdv.head_dim_pad == pad, (precision, d)
-    assert BwdDkdvWgmmaConfig.head_dim_pad_for(144, 128, 8) == 144  # d_split 1: the tensor cores' 16
+    assert BwdDkdvWgmmaConfig.head_dim_pad_for(144, 16, 128, 8) == 144  # d_split 1: the tensor cores' 16
     assert dq.q_in_registers and dq.layout["q_tile"].shape == (1, 64, 256) and dq.stages == 1
     # One stage: K and V | K^T land on a barrier each.
     assert dq.layout["barriers"].shape == (1, 2) and "K, V | K^T" in dq.layout["barriers"].note
     assert not BwdDqWgmmaConfig("float32", "fp32", 112, 64, 16, 4, False).q_in_registers
     assert not BwdDqWgmmaConfig("float32", "tf32", 256, 64, 16, 4, False).q_in_registers
+    # d_split dQ tiles: 64 rows shared by two warpgroups, whole 16-column halves of the head dim.
+    assert BwdDqWgmmaConfig("float32", "fp32", 256, 64, 16, 8, False).valid
+    assert not BwdDqWgmmaConfig("float32", "fp32", 144, 64, 16, 8, False).valid  # 72-column halves
+    assert not BwdDqWgmmaConfig("float32", "fp32", 256, 32, 16, 8, False).valid  # a pair owns 64 rows
+    assert BwdDqWgmmaConfig.head_dim_pad_for(144, 64, 16, 8) == 160
+    assert BwdDqWgmmaConfig.head_dim_pad_for(144, 64, 16, 4) == 144
+    assert BwdDqWgmmaConfig("float32", "fp32", 256, 64, 16, 8, False).accumulators_per_lane == (128 + 32) // 2
     # Blocks that stream fewer than WGMMA_BACKWARD_MIN_ROWS rows (half when causal): mma.sync first.
     assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, batch=1, seqlen=512))
     assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=512))
@@ -546,7 +556,8 @@ def test_wgmma_backward_layouts_and_register_rules():
     assert shared.valid and shared.d_split == 2 and shared.accumulators_per_lane == 128 + 16
     assert shared.register_reason((9, 0)) is None and shared.layout.total == 2 * 64 * 256 * 4 + 65664 + 16  # one stage: two barriers
     assert not BwdFusedWgmmaConfig("float32", "tf32", 128, 16, 64, 8, False).valid  # dS of all its keys
-    assert dq.valid and not BwdDqWgmmaConfig("float32", "tf32", 128, 64, 32, 8, True).valid
+    assert dq.valid and not BwdDqWgmmaConfig("float32", "tf32", 128, 32, 32, 8, True).valid
+    assert BwdDqWgmmaConfig("float32", "tf32", 128, 64, 32, 8, True).d_split == 2  # two warpgroups, 64 rows
     assert not BwdDqWgmmaConfig("float32", "fp16", 128, 128, 32, 8, True).valid
     # The spills ptxas makes (every listed tile, head dims 16-256): the rules that keep them out.
     assert BwdDkdvWgmmaConfig("float32", "tf32", 224, 16, 64, 4, False).register_reason((9, 0))
