@@ -260,6 +260,23 @@ def test_wgmma_tf32_probe_compiles_for_sm_90a():
         wgmma_probe.compile_cubin("sm_90")
 
 
+def test_wgmma_rate_probe_compiles_each_width_for_sm_90a():
+    """scripts/wgmma_rate.py (the TF32 wgmma ceiling by tile width): one kernel per width
+    and A source, each an HGMMA of its width, without local memory."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import wgmma_rate
+
+    cubin, lowered = wgmma_rate.compile_cubin()
+    assert sorted(lowered) == sorted(wgmma_rate.names()) and len(lowered) == 2 * len(wgmma_rate.WIDTHS)
+    try:
+        text = cc.disassemble(cubin)
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    for n in wgmma_rate.WIDTHS:
+        assert f"HGMMA.64x{n}x8.F32.TF32" in text
+    assert "LDL" not in text and "STL" not in text
+
+
 WGMMA_DESC_CHECK = r"""
 #include "wgmma.cuh"
 // Every 16-byte aligned base below 2^18 (shared addresses stay below) with offsets
