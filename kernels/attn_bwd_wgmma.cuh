@@ -13,14 +13,17 @@
 // attn_bwd_dkdv_wgmma: a block owns BLOCK_N keys of one key/value head, 64 per
 //   warpgroup, or 64 per pair of warpgroups that each keep half of dK's and dV's
 //   columns (D_SPLIT = 2, where one warpgroup's registers do not hold them; the first
-//   computes S^T, the second dP^T, and they swap them through shared memory); K and V stay in shared memory (split once, or in 3xTF32 from head dim
-//   128 as float32 words split per k-step in registers); Q and dO tiles of BLOCK_M
-//   query rows stream over every query head of the GQA group:
+//   computes S^T, the second dP^T, and they swap them through shared memory); K and
+//   V stay in shared memory (split once, or in 3xTF32 from head dim 128 as float32
+//   words split per k-step in registers); Q and dO tiles of BLOCK_M query rows stream
+//   over every query head of the GQA group:
 //     S^T  = K Q^T,  dP^T = V dO^T                 (both operands in shared memory)
 //     P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T * (dP^T - delta)
 //     dV  += P^T dO,  dK += dS^T Q                 (A in registers, B = dO^T, Q^T tiles)
-// attn_bwd_dq_wgmma: a block owns BLOCK_M query rows, 64 per warpgroup; Q and dO stay
-//   in shared memory (split once); K and V tiles stream:
+// attn_bwd_dq_wgmma: a block owns BLOCK_M query rows, 64 per warpgroup, or 64 shared by
+//   a pair of warpgroups that each keep half of dQ's columns (D_SPLIT = 2, where only 64
+//   rows of Q and dO fit; S by the first, dP by the second, swapped as dK/dV's pair do);
+//   Q and dO stay in shared memory (split once); K and V tiles stream:
 //     S = Q K^T,  dP = dO V^T,  dS = P * (dP - delta),  dQ += dS K   (B = the K^T tile)
 // attn_bwd_fused_wgmma (deterministic=False): dK/dV's pass, which also adds dQ, so that
 //   no dQ pass recomputes S and dP: each warpgroup writes its dS to shared memory and
@@ -466,7 +469,8 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             const int swap_at = (warp % 4) * M_BLOCKS * 32 + lane;
             float4* own_swap = (product == 0 ? swap[0] : swap[1]) + swap_at;
 #pragma unroll
-            for (int j = 0; j < M_BLOCKS; ++j) own_swap[j * 32] = make_float4(own[j][0], own[j][1], own[j][2], own[j][3]);
+            for (int j = 0; j < M_BLOCKS; ++j)
+                own_swap[j * 32] = make_float4(own[j][0], own[j][1], own[j][2], own[j][3]);
             __syncthreads();  // both products written (each over the tile only its own product read)
 #pragma unroll
             for (int p = 0; p < 2; ++p)
