@@ -465,21 +465,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
                 rows_by_rows<PASSES, 1, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(
                     just_one(own), {product == 0 ? k_addr : v_addr}, KV_PART * 4, {product == 0 ? q_addr : do_addr},
                     Q_PART * 4);
-            // Lane-contiguous float4s, a warp's 16 keys at a time: no bank conflicts.
-            const int swap_at = (warp % 4) * M_BLOCKS * 32 + lane;
-            float4* own_swap = (product == 0 ? swap[0] : swap[1]) + swap_at;
-#pragma unroll
-            for (int j = 0; j < M_BLOCKS; ++j)
-                own_swap[j * 32] = make_float4(own[j][0], own[j][1], own[j][2], own[j][3]);
-            __syncthreads();  // both products written (each over the tile only its own product read)
-#pragma unroll
-            for (int p = 0; p < 2; ++p)
-#pragma unroll
-                for (int j = 0; j < M_BLOCKS; ++j) {
-                    const float4 x = swap[p][swap_at + j * 32];
-                    sdp[p][j][0] = x.x, sdp[p][j][1] = x.y, sdp[p][j][2] = x.z, sdp[p][j][3] = x.w;
-                }
-            fence_proxy_async();  // these reads before the copies that refill the tiles
+            swap_pair_products(sdp, own, swap, product, warp % 4, lane);
             if constexpr (L::RING || L::SPLIT_STAGE)
                 __syncthreads();  // (with two stages, the next item's first barrier orders them)
             if constexpr (L::RING) {
@@ -758,20 +744,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                         KV_PART * 4);
                 float4* const swap[2] = {reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES),
                                          reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES + L::TILE_N)};
-                const int swap_at = (warp % 4) * N_BLOCKS * 32 + lane;  // lane-contiguous: no bank conflicts
-                float4* own_swap = (product == 0 ? swap[0] : swap[1]) + swap_at;
-#pragma unroll
-                for (int j = 0; j < N_BLOCKS; ++j)
-                    own_swap[j * 32] = make_float4(own[j][0], own[j][1], own[j][2], own[j][3]);
-                __syncthreads();  // both products written
-#pragma unroll
-                for (int p = 0; p < 2; ++p)
-#pragma unroll
-                    for (int j = 0; j < N_BLOCKS; ++j) {
-                        const float4 x = swap[p][swap_at + j * 32];
-                        sdp[p][j][0] = x.x, sdp[p][j][1] = x.y, sdp[p][j][2] = x.z, sdp[p][j][3] = x.w;
-                    }
-                fence_proxy_async();
+                swap_pair_products(sdp, own, swap, product, warp % 4, lane);
             } else if constexpr (L::Q_IN_REGISTERS)
                 words_by_rows<2, BLOCK_N, K_STEPS, BLOCK_N>(sdp, {q_words, do_words}, {k_addr, v_addr}, KV_PART * 4);
             else

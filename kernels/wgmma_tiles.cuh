@@ -271,6 +271,31 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
     }
 }
 
+// A pair of warpgroups that split two products of the same shape (d_split tiles: one
+// computes S or S^T, the other dP or dP^T) swap them through shared memory: each writes
+// its product (`own`, product `mine`) over swap[mine], a tile only it has read, and after
+// a block barrier both read both into `both`. Lane-contiguous float4s, a warp's 16 rows
+// at a time (warp_in_wg), so no bank conflicts. The caller's next block barrier orders
+// these reads before copies that refill the tiles (the fence here: generic-proxy reads
+// before the async proxy's writes).
+template <int NB>
+__device__ __forceinline__ void swap_pair_products(float (&both)[2][NB][4], const float (&own)[NB][4],
+                                                   float4* const (&swap)[2], int mine, int warp_in_wg, int lane) {
+    const int at = warp_in_wg * NB * 32 + lane;
+    float4* own_swap = (mine == 0 ? swap[0] : swap[1]) + at;
+#pragma unroll
+    for (int j = 0; j < NB; ++j) own_swap[j * 32] = make_float4(own[j][0], own[j][1], own[j][2], own[j][3]);
+    __syncthreads();  // both products written
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+            const float4 x = swap[p][at + j * 32];
+            both[p][j][0] = x.x, both[p][j][1] = x.y, both[p][j][2] = x.z, both[p][j][3] = x.w;
+        }
+    fence_proxy_async();
+}
+
 template <int PASSES, int NB>
 __device__ __forceinline__ void a_words(Tf32Words<PASSES, 4> (&a)[NB], const float (&x)[NB][4]) {
 #pragma unroll
