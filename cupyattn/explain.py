@@ -85,6 +85,7 @@ class KernelExplanation:
             "role": self.role,
             "name_expression": self.name_expression,
             "precision": self.plan.precision,
+            "work_split": self.plan.work_split,
             "buffers": [dict(name=b.name, shape=list(b.shape), dtype=b.dtype, offset=b.offset,
                              bytes=b.bytes, note=b.note) for b in self.buffers],
             "total": self.total,
@@ -109,6 +110,8 @@ class KernelExplanation:
                      f"per SM by shared memory")
         lines.append(f"  chosen because: {self.plan.reason}")
         lines.append(f"  precision: {self.plan.precision_text}")
+        if self.plan.work_split:
+            lines.append(f"  work split: {self.plan.work_split}")
         for r in self.rejected:
             lines.append(f"  rejected {r.name_expression}: {r.smem_bytes} bytes, "
                          f"{r.over_by} over the limit")

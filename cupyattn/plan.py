@@ -560,6 +560,14 @@ class BwdDkdvMmaConfig(MmaConfig):
         return max(1, self.num_warps * 16 // self.block_n)
 
     @property
+    def work_split(self) -> str | None:
+        """How the block's warps share its keys, where not one owner each (explain shows it)."""
+        if self.d_split == 1:
+            return None
+        return (f"two warps share each 16 keys, each keeping dK's and dV's {self.head_dim_pad // 2} of "
+                f"{self.head_dim_pad} columns; both compute S^T and dP^T")
+
+    @property
     def valid(self) -> bool:
         return (self.block_n % 16 == 0 and self.num_warps * 16 == self.block_n * self.d_split
                 and self.head_dim_pad % (16 * self.d_split) == 0 and self.block_m % 16 == 0)
@@ -672,6 +680,14 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         return self._staged_tiles(self._kept_tiles(), "q_tiles", "a query tile's Q, dO, Q^T and dO^T "
                                   "(transposed: the B operands of dK = dS^T Q and dV = P^T dO), then "
                                   "lse * log2(e) and delta per row", (4 * self.parts * m * d + 2 * m,)).build()
+
+    @property
+    def work_split(self) -> str | None:
+        if self.d_split == 1:
+            return None
+        return (f"two warpgroups share each 64 keys, each keeping dK's and dV's {self.head_dim_pad // 2} of "
+                f"{self.head_dim_pad} columns; the first computes S^T, the second dP^T, and they swap them "
+                f"through shared memory")
 
     @property
     def ring(self) -> bool:
@@ -788,6 +804,14 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
     @property
     def d_split(self) -> int:
         return max(1, self.num_warps * 16 // self.block_m)
+
+    @property
+    def work_split(self) -> str | None:
+        if self.d_split == 1:
+            return None
+        return (f"two warpgroups share the 64 query rows, each keeping dQ's {self.head_dim_pad // 2} of "
+                f"{self.head_dim_pad} columns; the first computes S, the second dP, and they swap them "
+                f"through shared memory")
 
     @property
     def valid(self) -> bool:
@@ -958,6 +982,11 @@ class Plan:
         return getattr(self.config, "precision", self.problem.precision[0])
 
     @property
+    def work_split(self) -> str | None:
+        """How the block's warps share its rows, where they do (d_split tiles), else None."""
+        return getattr(self.config, "work_split", None)
+
+    @property
     def precision_text(self) -> str:
         if isinstance(self.config, WgmmaConfig):
             return (f"{self.precision}: {PRECISION_TEXT[self.precision]} on tensor cores, warpgroup MMA "
@@ -989,8 +1018,10 @@ class Plan:
             f"{self.blocks_per_sm_by_smem} block(s) per SM by shared memory",
             f"  why: {self.reason}",
             f"  precision: {self.precision_text}",
-            self.layout.table(),
         ]
+        if self.work_split:
+            lines.append(f"  work split: {self.work_split}")
+        lines.append(self.layout.table())
         staging = getattr(self.config, "staging", None)
         if staging is not None:
             p = self.problem

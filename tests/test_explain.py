@@ -41,6 +41,22 @@ def test_explain_names_tiles_skipped_for_registers_in_text_and_json():
     assert {"name_expression": name, "reason": dict(e.kernels[0].plan.register_skipped)[name]} in skipped
 
 
+def test_explain_says_how_warps_share_a_d_split_tile_in_text_and_json():
+    # "fp32" at 256 on the H200: pairs of warpgroups share 64 keys (dK/dV) and 64 query
+    # rows (dQ), each with half the columns; at 128 one warpgroup owns its rows.
+    e = explain(256, "float32", backward=True, device="h200", compile=False)
+    kernels = json.loads(json.dumps(e.to_dict()))["kernels"]
+    assert [k["work_split"] is not None for k in kernels] == [True, True]
+    assert "work split: two warpgroups share each 64 keys, each keeping dK's and dV's 128 of 256" in str(e)
+    assert "the first computes S, the second dP" in kernels[1]["work_split"]
+    assert all(k.plan.describe().count("work split:") == 1 for k in e.kernels)
+    e = explain(128, "float32", backward=True, device="h200", compile=False)
+    assert "work split" not in str(e) and all(k.plan.work_split is None for k in e.kernels)
+    # mma.sync's pairs of warps (float16 at 256 on an A100) say so too.
+    e = explain(256, "float16", backward=True, device="a100", compile=False)
+    assert "two warps share each 16 keys" in str(e.kernels[0])
+
+
 def test_explain_compiles_for_the_named_architecture():
     pytest.importorskip("cupy")
     from test_compile import _nvrtc_reason
