@@ -153,12 +153,6 @@ struct BwdDqWgmmaLayout {
     static constexpr int offsets[num_buffers] = {q_tile, do_tile, kv_tiles, barriers};
 };
 
-// x as an array of one (a product of NP = 1 out of an array of NP = 2).
-template <typename T>
-__device__ __forceinline__ T (&just_one(T& x))[1] {
-    return reinterpret_cast<T(&)[1]>(x);
-}
-
 // Write a warpgroup's 64-row accumulator (CHUNKS x CN columns) times `scale`: this
 // lane's rows g and g + 8 of its warp's 16, from row 0 of dst, rows [0, valid_rows)
 // and columns [0, valid_cols) only.
@@ -458,13 +452,8 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             } else {
                 mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
             }
-            if constexpr (L::KV_IN_REGISTERS)
-                words_by_rows<1, BLOCK_M, K_STEPS, BLOCK_M>(just_one(own), {product == 0 ? k_words : v_words},
-                                                            {product == 0 ? q_addr : do_addr}, Q_PART * 4);
-            else
-                rows_by_rows<PASSES, 1, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(
-                    just_one(own), {product == 0 ? k_addr : v_addr}, KV_PART * 4, {product == 0 ? q_addr : do_addr},
-                    Q_PART * 4);
+            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(
+                own, product, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             swap_pair_products(sdp, own, swap, product, warp % 4, lane);
             if constexpr (L::RING || L::SPLIT_STAGE)
                 __syncthreads();  // (with two stages, the next item's first barrier orders them)
@@ -735,13 +724,8 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 // these reads before the copies that refill the tiles.
                 const int product = wg % 2;  // 0: S, 1: dP
                 float own[N_BLOCKS][4];
-                if constexpr (L::Q_IN_REGISTERS)
-                    words_by_rows<1, BLOCK_N, K_STEPS, BLOCK_N>(just_one(own), {product == 0 ? q_words : do_words},
-                                                                {product == 0 ? k_addr : v_addr}, KV_PART * 4);
-                else
-                    rows_by_rows<PASSES, 1, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(
-                        just_one(own), {product == 0 ? q_addr : do_addr}, Q_PART * 4, {product == 0 ? k_addr : v_addr},
-                        KV_PART * 4);
+                one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(
+                    own, product, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
                 float4* const swap[2] = {reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES),
                                          reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES + L::TILE_N)};
                 swap_pair_products(sdp, own, swap, product, warp % 4, lane);

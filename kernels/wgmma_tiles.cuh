@@ -16,6 +16,8 @@
 //   kept_tile_global   either of those two for a tile a block keeps (words or parts)
 //   rows_by_rows       d = A B^T, A 64 rows and B N rows of such tiles, in shared memory
 //   words_by_rows      the same (3xTF32), A from a_words_global's words through registers
+//   one_of_two_products, swap_pair_products
+//                      a d_split pair's share of two such products, and their swap
 //   regs_by_transposed acc += A B, A in registers (from accumulators), B a transposed tile
 //
 // Register A operands come from m64nN accumulators: lane (g, t) holds columns 2t and
@@ -269,6 +271,27 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
         fence_operand(a[(K_STEPS - 1) % 2][p].small);
         add_acc(d[p], step[(K_STEPS - 1) % 2][p]);
     }
+}
+
+// x as an array of one (a product of NP = 1 out of an array of NP = 2).
+template <typename T>
+__device__ __forceinline__ T (&just_one(T& x))[1] {
+    return reinterpret_cast<T(&)[1]>(x);
+}
+
+// d = product `which` of two of the same shape, as words_by_rows (WORDS: A from kept
+// float32 words) or rows_by_rows (A from TF32 parts at a_addr) compute it among NP = 2:
+// a d_split pair's share, each warpgroup one product, in the same order.
+template <int PASSES, bool WORDS, int N, int K_STEPS, int A_ROWS, int B_ROWS>
+__device__ __forceinline__ void one_of_two_products(float (&d)[N / 8][4], int which, const float4* const (&a_words)[2],
+                                                    const unsigned (&a_addr)[2], unsigned a_part,
+                                                    const unsigned (&b_addr)[2], unsigned b_part) {
+    if constexpr (WORDS)
+        words_by_rows<1, N, K_STEPS, B_ROWS>(just_one(d), {which == 0 ? a_words[0] : a_words[1]},
+                                             {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
+    else
+        rows_by_rows<PASSES, 1, N, K_STEPS, A_ROWS, B_ROWS>(just_one(d), {which == 0 ? a_addr[0] : a_addr[1]}, a_part,
+                                                            {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
 }
 
 // A pair of warpgroups that split two products of the same shape (d_split tiles: one
