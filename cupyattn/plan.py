@@ -557,7 +557,7 @@ class BwdDkdvMmaConfig(MmaConfig):
 
     @property
     def d_split(self) -> int:
-        return max(1, self.num_warps * 16 // self.block_n)
+        return d_split_of(self.num_warps, self.block_n)
 
     @property
     def work_split(self) -> str | None:
@@ -705,9 +705,7 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         whole 16-column tiles: padded to a multiple of 32 (144 -> 160, 240 -> 256; zeros past
         head_dim), so that these tiles also serve the head dims where every other tile
         spills (3xTF32 at 136-144, 168-176, 200-208 and 232-240; "tf32" at 232-240)."""
-        if num_warps * 16 // block_n >= 2:
-            return (head_dim + 31) // 32 * 32
-        return mma_head_dim_pad(head_dim)
+        return d_split_head_dim_pad(head_dim, d_split_of(num_warps, block_n))
 
     @property
     def kv_in_registers(self) -> bool:
@@ -803,7 +801,7 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
 
     @property
     def d_split(self) -> int:
-        return max(1, self.num_warps * 16 // self.block_m)
+        return d_split_of(self.num_warps, self.block_m)
 
     @property
     def work_split(self) -> str | None:
@@ -821,11 +819,8 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
 
     @classmethod
     def head_dim_pad_for(cls, head_dim: int, block_m: int, block_n: int, num_warps: int) -> int:
-        """A pair of warpgroups (d_split 2) takes half of the head dim each in whole
-        16-column tiles: padded to a multiple of 32, as dK/dV's d_split tiles."""
-        if num_warps * 16 // block_m >= 2:
-            return (head_dim + 31) // 32 * 32
-        return mma_head_dim_pad(head_dim)
+        """Padded to a multiple of 32 for a pair of warpgroups (d_split 2), as dK/dV's."""
+        return d_split_head_dim_pad(head_dim, d_split_of(num_warps, block_m))
 
     Q_IN_REGISTERS_FROM: ClassVar[int] = 128  # kernels/attn_bwd_wgmma.cuh, BwdDqWgmmaLayout::Q_IN_REGISTERS
 
@@ -1355,6 +1350,18 @@ def _tile_order(cls, tiles, precision: str) -> tuple:
 def mma_head_dim_pad(head_dim: int) -> int:
     """Tensor-core kernels pad the head dim to a multiple of 16 (their k-steps)."""
     return (head_dim + 15) // 16 * 16
+
+
+def d_split_of(num_warps: int, owned_rows: int) -> int:
+    """How many warps (or warpgroups) share each 16 (64) rows a backward tile owns: 1, or
+    2 where a pair each keeps half of the head dim's columns (``d_split`` tiles)."""
+    return max(1, num_warps * 16 // owned_rows)
+
+
+def d_split_head_dim_pad(head_dim: int, d_split: int) -> int:
+    """A pair takes half of the head dim each in whole 16-column tiles: padded to a
+    multiple of 32 where d_split is 2, else to the tensor cores' 16."""
+    return (head_dim + 31) // 32 * 32 if d_split >= 2 else mma_head_dim_pad(head_dim)
 
 
 def mma_eligible(problem: AttentionProblem, device: DeviceSpec) -> bool:
