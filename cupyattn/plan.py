@@ -746,8 +746,13 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
             return "3xTF32 with 64-query tiles spills from head dim 64"
         # K and V words (kv_in_registers) take a k-step's A operands in registers too: at
         # 128-192 (NVRTC 13.5) (32,64,4) at 128 spilled 276 bytes, (16,64,4) at 192 992.
-        if self.kv_in_registers and self.head_dim_pad // self.d_split + 2 * self.block_m > 160:
-            return "3xTF32 with K and V words spills where head_dim / d_split + 2 x block_m > 160"
+        # The ring computes S^T and dP^T one after the other (one product's k-step words
+        # and fresh accumulators at a time): (32,128,8) at 128 and (16,128,8) at 160 take
+        # 239-254 registers, no spills; (32,64,4) at 160 spilled 28 bytes.
+        words_limit = 192 if self.ring else 160
+        if self.kv_in_registers and self.head_dim_pad // self.d_split + 2 * self.block_m > words_limit:
+            return (f"3xTF32 with K and V words spills where head_dim / d_split + 2 x block_m > {words_limit}"
+                    f"{' (products one at a time through the ring)' if self.ring else ''}")
         if self.block_m == 32 and self.head_dim_pad // self.d_split >= 192:
             return "32-query tiles spill from 192 head-dim columns a warpgroup"
         return None
@@ -1227,6 +1232,16 @@ FWD_WGMMA_FIRST = {
 # three slots (BwdDkdvWgmmaConfig.ring; no whole staged tile fits beside K and V's words),
 # where FFMA ran before: A/B in one call, whole backward 300.16 -> 108.08 ms, causal
 # 165.76 -> 55.94 (B=4, H=16, S=4096).
+# The ring computes S^T and dP^T one after the other, so its register rule is looser
+# (register_reason): "fp32" (32,128,8) at 128 and (16,128,8) at 152-160 go through it
+# (seventeenth session, `ab_trees --cases fp32:128,fp32:160 --pass bwd`, whole backward
+# ms, as planned before / after): D=128 (16,128,8) 25.90 -> (32,128,8) 24.08, causal
+# 14.06 -> 13.12; D=160 (16,64,8) 45.09 -> (16,128,8) 39.46, causal 23.96 -> 20.94.
+# d_split tiles where others fit (same session, `tune_tiles.py --tiles`): "fp32" D=64
+# (32,128,8) 13.68 < (32,64,8) 17.41 < (16,64,8) 20.89; "tf32" D=64 (32,192,12) 6.11 <
+# (32,128,8) 6.85 < (32,64,8) 8.27 < (16,64,8) 9.71, D=128 (32,128,8) 11.43 < (32,64,8)
+# 15.41 < (16,64,8) 18.37 (and dQ: "fp32" D=64 (128,32,8) 13.78 < (64,32,8) 16.66, D=128
+# 24.16 < 27.99; "tf32" D=128 11.43 < 14.52).
 BWD_DKDV_WGMMA_TILES = (
     (32, 256, 16),
     (32, 192, 12),

@@ -6,6 +6,7 @@ under test (the other families keep their default choice) and the call is timed
 planner's preference lists in cupyattn/plan.py are written from it.
 
     PYTHONPATH=. python scripts/tune_tiles.py [--dtype float16] [--precision fp32] [--causal] [--json FILE]
+        [--tiles 16x128x8,32x128x8]  (only these of each family's tiles)
 
 Families: forward, wgmma, dkdv, dkdv_wgmma, dq, dq_wgmma, fused (deterministic=False).
 """
@@ -42,6 +43,17 @@ def _restrict(attr, tiles):
     P.plan_backward.cache_clear()
 
 
+def parse_tiles(text: str) -> set:
+    """"16x128x8,32x64x4" -> {(16, 128, 8), (32, 64, 4)}."""
+    try:
+        tiles = {tuple(int(x) for x in item.split("x")) for item in text.split(",") if item}
+    except ValueError:
+        tiles = {()}
+    if not tiles or any(len(t) != 3 for t in tiles):
+        raise SystemExit(f"--tiles: expected block_m x block_n x warps, comma-separated (e.g. 16x128x8), got {text!r}")
+    return tiles
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dtype", default="float16")
@@ -50,6 +62,8 @@ def main():
     parser.add_argument("--dims", default="64,128,256")
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--families", default="forward,dkdv,dq")
+    parser.add_argument("--tiles", default=None,
+                        help="block_m x block_n x warps, comma-separated: time only these listed tiles")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     B, H, S = 4, 16, args.seqlen
@@ -59,6 +73,7 @@ def main():
     P.BWD_FUSED_WHERE_FASTER = {(m, d) for m in P.PRECISIONS for d in range(16, 257, 16)}
     precision = P.parse_precision(args.precision, args.dtype)[0]
     opts = dict(causal=args.causal, precision=precision)
+    only = parse_tiles(args.tiles) if args.tiles else None
     rows = []
     for family in args.families.split(","):
         attr, cls, backward, rival = FAMILIES[family]
@@ -70,7 +85,9 @@ def main():
             rng = cupy.random.default_rng(1)
             q, k, v, do = (device_values((B, S, H, D), args.dtype, rng) for _ in range(4))
             for tile in originals[attr]:
-                cfg = cls(args.dtype, precision, D, *tile, args.causal)
+                if only is not None and tuple(tile) not in only:
+                    continue
+                cfg = cls(args.dtype, precision, cls.head_dim_pad_for(D, *tile), *tile, args.causal)
                 if not cfg.valid or cfg.layout.total > spec.smem_per_block_optin:
                     continue
                 _restrict(attr, [tile])

@@ -461,19 +461,25 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert tiles(plans("fp32", 64)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("tf32", 128)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
     # "fp32" from head dim 128: dQ keeps Q and dO as float32 words, dK/dV K and V: 8-warp
-    # tiles fit in both.
-    assert tiles(plans("fp32", 128)) == [("wgmma", (16, 128, 8)), ("wgmma", (128, 32, 8))]
+    # tiles fit in both; dK/dV's 32-query tiles stream through the ring (one stage does not
+    # fit beside the words), where S^T and dP^T, one at a time, leave the registers for them.
+    assert tiles(plans("fp32", 128)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
     dkdv, _ = plans("fp32", 128)
-    assert dkdv.kv_in_registers and dkdv.layout["k_tile"].shape == (1, 128, 128) and dkdv.stages == 1
-    assert "A-register order" in dkdv.layout["v_tile"].note and dkdv.layout["barriers"].shape == (1, 2)
+    assert dkdv.kv_in_registers and dkdv.layout["k_tile"].shape == (1, 128, 128) and dkdv.ring
+    assert "A-register order" in dkdv.layout["v_tile"].note and dkdv.layout["barriers"].shape == (1, 3)
+    split = BwdDkdvWgmmaConfig("float32", "fp32", 128, 16, 128, 8, False)  # one stage in two halves
+    assert not split.ring and split.stages == 1 and split.layout["barriers"].shape == (1, 2)
+    # The words' register rule, by schedule: both products at once (one stage) spilled at
+    # (32,64,4) at 128; one at a time (the ring) takes 16-query tiles at 160, not 32 at 160.
+    assert "> 160" in BwdDkdvWgmmaConfig("float32", "fp32", 128, 32, 64, 4, False).register_reason((9, 0))
+    assert BwdDkdvWgmmaConfig("float32", "fp32", 160, 16, 128, 8, False).register_reason((9, 0)) is None
+    assert "> 192" in BwdDkdvWgmmaConfig("float32", "fp32", 160, 32, 64, 4, False).register_reason((9, 0))
     assert not BwdDkdvWgmmaConfig("float32", "fp32", 112, 32, 128, 8, False).kv_in_registers
     assert not BwdDkdvWgmmaConfig("float32", "tf32", 128, 32, 128, 8, False).kv_in_registers
     assert not BwdFusedWgmmaConfig("float32", "fp32", 128, 32, 64, 4, False).kv_in_registers
     # At 192 (d_split 2) a 3xTF32 dK/dV tile fits only with K and V as words.
     dkdv, _ = plans("fp32", 192)
     assert tiles([dkdv]) == [("wgmma", (16, 64, 8))] and dkdv.d_split == 2 and dkdv.kv_in_registers
-    # The words' register rule: (32,64,4) at 128 spilled.
-    assert BwdDkdvWgmmaConfig("float32", "fp32", 128, 32, 64, 4, False).register_reason((9, 0))
     # At head dim 256 two warpgroups share 64 keys, each with half of dK's and dV's columns.
     dkdv, dq = plans("tf32", 256)
     assert isinstance(dkdv, WgmmaConfig) and dkdv.d_split == 2 and isinstance(dq, BwdDqWgmmaConfig)
