@@ -691,10 +691,11 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
 
     @property
     def ring(self) -> bool:
-        """Where K and V are float32 words and not even one staged query tile fits beside
-        them (3xTF32 at head dim 256): its four operand tiles stream through a ring of
-        three slots (kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::RING)."""
-        return (self.kv_in_registers
+        """Where K and V are float32 words (3xTF32) or one TF32 part each, and not even one
+        staged query tile fits beside them (3xTF32 at head dim 256, "tf32" with 32-query
+        tiles there): its four operand tiles stream through a ring of three slots
+        (kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::RING)."""
+        return ((self.kv_in_registers or self.parts == 1)
                 and self._kept_tiles().end + self.staging.tile_bytes + 2 * 8 > SM90_SMEM_PER_BLOCK)
 
     KV_IN_REGISTERS_FROM: ClassVar[int] = 128  # kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::KV_IN_REGISTERS
@@ -755,6 +756,10 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
                     f"{' (products one at a time through the ring)' if self.ring else ''}")
         if self.block_m == 32 and self.head_dim_pad // self.d_split >= 192:
             return "32-query tiles spill from 192 head-dim columns a warpgroup"
+        # One TF32 pass through the ring: (64,128,8) at 128, (32,128,8) at 160, (32,64,8) at
+        # 256 took 204-240 registers, no spills; (64,64,4) at 160 spilled 24-56 bytes.
+        if self.ring and self.parts == 1 and self.head_dim_pad // self.d_split + self.block_m > 192:
+            return "one TF32 pass through the ring spills where head_dim / d_split + block_m > 192"
         return None
 
 
@@ -1313,7 +1318,26 @@ def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_ro
         wgmma, mma = (BwdDkdvWgmmaConfig, BWD_DKDV_WGMMA_TILES), (BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES)
     else:
         wgmma, mma = (BwdDqWgmmaConfig, BWD_DQ_WGMMA_TILES), (BwdDqMmaConfig, BWD_DQ_MMA_TILES)
+    first = tuple(t for t in BWD_WGMMA_FIRST.get((kind, precision, head_dim_pad), ()) if t in wgmma[1])
+    wgmma = (wgmma[0], first + tuple(t for t in wgmma[1] if t not in first))
     return (wgmma, mma) if streamed_rows >= WGMMA_BACKWARD_MIN_ROWS else (mma, wgmma)
+
+
+# Backward wgmma tiles that go before the lists' order at one mode and padded head dim
+# (16-column multiples: 128 is head dims 113-128), where they measured faster (H200,
+# seventeenth session, `tune_tiles.py --dtype float32 --precision tf32 [--causal] --tiles`,
+# B=4, H=16, S=4096, whole backward ms, not causal / causal):
+#   dK/dV 128: (64,128,8) through the ring 10.80 / 6.24 < (32,128,8) 11.37 / 6.54
+#   dK/dV 256: (32,64,8), d_split 2, through the ring 27.50 / 15.48 < (16,64,8) 29.74 / 16.91
+#   dQ 128:    (128,64,8) 11.04 / 6.53 < (128,32,8) 11.39 / 6.76
+# (dK/dV at 160 takes (32,128,8) through the ring by the list's order: 14.04 / 8.05 against
+# the split stage's (16,128,8) 15.56 / 8.81.) Elsewhere these tiles are unmeasured or slower
+# ("tf32" D=64: dQ (128,64,8) 3.94 against (128,32,8) 3.72 causal).
+BWD_WGMMA_FIRST = {
+    ("dkdv", "tf32", 128): ((64, 128, 8),),
+    ("dkdv", "tf32", 256): ((32, 64, 8),),
+    ("dq", "tf32", 128): ((128, 64, 8),),
+}
 
 
 # The wgmma forward pays from about this many keys a query block sees (half the

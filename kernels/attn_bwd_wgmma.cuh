@@ -81,11 +81,13 @@ struct BwdDkdvWgmmaLayout {
     static constexpr int ROWWISE_BYTES = 2 * BLOCK_M * 4;
     static constexpr int STAGE_BYTES = 4 * TILE_M + ROWWISE_BYTES;
     static constexpr int STAGES = stages_that_fit(2 * TILE_KV, STAGE_BYTES, 1);
-    // Where not even one stage fits beside K and V (3xTF32 at head dim 256): a ring of
-    // three slots of one operand tile each, through which an item's dO, Q, dO^T (with lse
-    // and delta) and Q^T pass in turn, each slot refilled once its last tile is used
-    // (dkdv_wgmma): three quarters of a stage's bytes.
-    static constexpr bool RING = KV_IN_REGISTERS && 2 * TILE_KV + STAGE_BYTES + 2 * 8 > SM90_SMEM_PER_BLOCK;
+    // Where not even one stage fits beside K and V (3xTF32 at head dim 256, one TF32 pass
+    // with 32-query tiles there): a ring of three slots of one operand tile each, through
+    // which an item's dO, Q, dO^T (with lse and delta) and Q^T pass in turn, each slot
+    // refilled once its last tile is used (dkdv_wgmma): three quarters of a stage's bytes.
+    // (3xTF32 with K and V in two parts: no tile that needs the ring would fit with it.)
+    static constexpr bool RING =
+        (KV_IN_REGISTERS || PARTS == 1) && 2 * TILE_KV + STAGE_BYTES + 2 * 8 > SM90_SMEM_PER_BLOCK;
     static constexpr int RING_SLOTS = 3, RING_SLOT = TILE_M + ROWWISE_BYTES;
     // One stage: its halves (Q, dO | Q^T, dO^T, lse, delta) land apart, each with its own
     // barrier, so that one half copies while the other is in use (dkdv_wgmma).
@@ -466,9 +468,11 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             }
         } else if constexpr (L::RING) {
             ring_wait(item, 0);
-            words_by_rows<1, BLOCK_M, K_STEPS, BLOCK_M>(just_one(sdp[1]), {v_words}, {do_addr}, Q_PART * 4);
+            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(
+                sdp[1], 1, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             ring_wait(item, 1);
-            words_by_rows<1, BLOCK_M, K_STEPS, BLOCK_M>(just_one(sdp[0]), {k_words}, {q_addr}, Q_PART * 4);
+            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(
+                sdp[0], 0, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             __syncthreads();  // every warpgroup is done with dO and Q
             if (threadIdx.x == 0) {
                 ring_fetch(item, 3);

@@ -321,7 +321,8 @@ def test_tf32_takes_its_own_measured_tile_order_and_other_modes_keep_theirs():
     a100 = named_device("a100")  # mma.sync's forward (the H100 takes the wgmma kernel)
     assert _tile(plan_forward(problem("tf32", 96), a100)) == (128, 64, 8)  # before (128, 32, 4)
     assert _tile(plan_forward(problem("tf32", 64), a100)) == (128, 64, 4)  # still first
-    assert _tile(plan_backward(problem("tf32", 128), spec).dq) == (128, 32, 8)
+    assert _tile(plan_backward(problem("tf32", 128), spec).dq) == (128, 64, 8)  # plan.BWD_WGMMA_FIRST
+    assert _tile(plan_backward(problem("tf32", 64), spec).dq) == (128, 32, 8)  # the list's order
     # 3xTF32 measured apart
     assert _tile(plan_forward(problem("fp32", 64), a100)) == (128, 32, 4)
     f16 = AttentionProblem("float16", 128, 128, False, 4, 16, 16, 4096, 4096)
@@ -459,7 +460,13 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     # plan._backward_families: wgmma first wherever its tiles compile without spills and fit.
     assert tiles(plans("tf32", 64)) == [("wgmma", (32, 192, 12)), ("wgmma", (128, 32, 8))]
     assert tiles(plans("fp32", 64)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
-    assert tiles(plans("tf32", 128)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
+    # "tf32" at 128 (plan.BWD_WGMMA_FIRST): dK/dV's 64-query tiles through the ring (one
+    # stage does not fit beside K and V), dQ's 64-key tiles.
+    assert tiles(plans("tf32", 128)) == [("wgmma", (64, 128, 8)), ("wgmma", (128, 64, 8))]
+    assert plans("tf32", 128)[0].ring and plans("tf32", 128)[1].block_n == 64
+    assert tiles(plans("tf32", 160)[:1]) == [("wgmma", (32, 128, 8))] and plans("tf32", 160)[0].ring
+    # One TF32 pass through the ring: its register rule.
+    assert "> 192" in BwdDkdvWgmmaConfig("float32", "tf32", 160, 64, 64, 4, False).register_reason((9, 0))
     # "fp32" from head dim 128: dQ keeps Q and dO as float32 words, dK/dV K and V: 8-warp
     # tiles fit in both; dK/dV's 32-query tiles stream through the ring (one stage does not
     # fit beside the words), where S^T and dP^T, one at a time, leave the registers for them.
@@ -481,8 +488,11 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     dkdv, _ = plans("fp32", 192)
     assert tiles([dkdv]) == [("wgmma", (16, 64, 8))] and dkdv.d_split == 2 and dkdv.kv_in_registers
     # At head dim 256 two warpgroups share 64 keys, each with half of dK's and dV's columns.
+    # "tf32": 32 query rows through the ring (plan.BWD_WGMMA_FIRST).
     dkdv, dq = plans("tf32", 256)
     assert isinstance(dkdv, WgmmaConfig) and dkdv.d_split == 2 and isinstance(dq, BwdDqWgmmaConfig)
+    assert tiles([dkdv]) == [("wgmma", (32, 64, 8))] and dkdv.ring and dkdv.layout["barriers"].shape == (1, 3)
+    assert dkdv.layout.total == 2 * 64 * 256 * 4 + 3 * (32 * 256 * 4 + 2 * 32 * 4) + 24
     # "fp32" at 256: dK/dV streams its query tiles through a ring of three slots (a whole
     # staged tile does not fit beside K and V's words), dQ keeps Q and dO as words.
     dkdv, dq = plans("fp32", 256)
@@ -492,7 +502,7 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert dq.d_split == 2 and plans("tf32", 256)[1].block_n == 32 and plans("tf32", 256)[1].d_split == 2
     assert dkdv.layout["q_tiles"].shape == (3, 2 * 16 * 256 + 2 * 16) and dkdv.layout["barriers"].shape == (1, 3)
     assert "ring" in dkdv.layout["q_tiles"].note and dkdv.layout.total == 2 * 64 * 256 * 4 + 3 * 32896 + 24
-    assert not plans("fp32", 192)[0].ring and not plans("tf32", 256)[0].ring
+    assert not plans("fp32", 192)[0].ring and not plans("tf32", 192)[0].ring
     # Where every other dK/dV tile spills, the d_split tile pads the head dim to 32:
     # 3xTF32 at 144 -> 160, 208 -> 224, 240 -> 256 (the ring); "tf32" at 240 -> 256.
     for precision, d, pad in (("fp32", 144, 160), ("fp32", 208, 224), ("fp32", 240, 256), ("tf32", 240, 256)):
