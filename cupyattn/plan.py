@@ -691,12 +691,11 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
 
     @property
     def ring(self) -> bool:
-        """Where K and V are float32 words (3xTF32) or one TF32 part each, and not even one
-        staged query tile fits beside them (3xTF32 at head dim 256, "tf32" with 32-query
-        tiles there): its four operand tiles stream through a ring of three slots
+        """Where not even one staged query tile fits beside K and V (e.g. 3xTF32 at head
+        dim 256, "tf32" with 32-query tiles there): its four operand tiles stream through a
+        ring of three slots, S^T and dP^T computed one after the other
         (kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::RING)."""
-        return ((self.kv_in_registers or self.parts == 1)
-                and self._kept_tiles().end + self.staging.tile_bytes + 2 * 8 > SM90_SMEM_PER_BLOCK)
+        return self._kept_tiles().end + self.staging.tile_bytes + 2 * 8 > SM90_SMEM_PER_BLOCK
 
     KV_IN_REGISTERS_FROM: ClassVar[int] = 128  # kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::KV_IN_REGISTERS
 
@@ -743,8 +742,9 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
             return "16 warps leave 128 registers a lane: spills in 3xTF32, and from head dim 64"
         if self.num_warps == 12 and self.head_dim_pad >= (32 if self.precision == "fp32" else 112):
             return "12 warps leave 168 registers a lane: spills in 3xTF32 from head dim 32, else from 112"
-        if self.precision == "fp32" and self.block_m == 64 and self.head_dim_pad >= 64:
-            return "3xTF32 with 64-query tiles spills from head dim 64"
+        # (Through the ring, one product at a time: (64,128,8) at 64 took 234-238 registers.)
+        if self.precision == "fp32" and self.block_m == 64 and self.head_dim_pad >= 64 and not self.ring:
+            return "3xTF32 with 64-query tiles spills from head dim 64 (but through the ring)"
         # K and V words (kv_in_registers) take a k-step's A operands in registers too: at
         # 128-192 (NVRTC 13.5) (32,64,4) at 128 spilled 276 bytes, (16,64,4) at 192 992.
         # The ring computes S^T and dP^T one after the other (one product's k-step words
@@ -773,6 +773,7 @@ class BwdFusedWgmmaConfig(BwdDkdvWgmmaConfig):
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_fused_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::BwdFusedWgmmaLayout"
     kv_in_registers: ClassVar[bool] = False  # K's core-matrix tile is transposed into K^T
+    ring: ClassVar[bool] = False  # BwdFusedWgmmaLayout::RING: a whole stage beside K^T, or no fit
 
     @property
     def valid(self) -> bool:  # dQ^T's wgmma rows: 64 head-dim rows each; a warpgroup's dS, all of dK's columns
@@ -1325,15 +1326,19 @@ def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_ro
 
 # Backward wgmma tiles that go before the lists' order at one mode and padded head dim
 # (16-column multiples: 128 is head dims 113-128), where they measured faster (H200,
-# seventeenth session, `tune_tiles.py --dtype float32 --precision tf32 [--causal] --tiles`,
-# B=4, H=16, S=4096, whole backward ms, not causal / causal):
-#   dK/dV 128: (64,128,8) through the ring 10.80 / 6.24 < (32,128,8) 11.37 / 6.54
-#   dK/dV 256: (32,64,8), d_split 2, through the ring 27.50 / 15.48 < (16,64,8) 29.74 / 16.91
-#   dQ 128:    (128,64,8) 11.04 / 6.53 < (128,32,8) 11.39 / 6.76
-# (dK/dV at 160 takes (32,128,8) through the ring by the list's order: 14.04 / 8.05 against
-# the split stage's (16,128,8) 15.56 / 8.81.) Elsewhere these tiles are unmeasured or slower
-# ("tf32" D=64: dQ (128,64,8) 3.94 against (128,32,8) 3.72 causal).
+# seventeenth session, `tune_tiles.py --dtype float32 --precision fp32|tf32 [--causal]
+# --tiles`, B=4, H=16, S=4096, whole backward ms, not causal / causal):
+#   fp32 dK/dV 64:  (64,128,8) through the ring 13.15 / 7.21 < (32,128,8) 13.69 / 7.43
+#   tf32 dK/dV 128: (64,128,8) through the ring 10.80 / 6.24 < (32,128,8) 11.37 / 6.54
+#   tf32 dK/dV 256: (32,64,8), d_split 2, through the ring 27.50 / 15.48 < (16,64,8) 29.74 / 16.91
+#   tf32 dQ 128:    (128,64,8) 11.04 / 6.53 < (128,32,8) 11.39 / 6.76
+# The list's order already takes the ring's wider tiles where they come first: "fp32"
+# dK/dV 80 (32,128,8) 19.54 / 10.71 against the split stage's (16,128,8) 21.29 / 11.55;
+# "tf32" 160 (32,128,8) 14.04 / 8.05 against (16,128,8) 15.56 / 8.81. Elsewhere these
+# tiles are unmeasured or slower ("tf32" D=64: dQ (128,64,8) 3.94 against (128,32,8) 3.72
+# causal).
 BWD_WGMMA_FIRST = {
+    ("dkdv", "fp32", 64): ((64, 128, 8),),
     ("dkdv", "tf32", 128): ((64, 128, 8),),
     ("dkdv", "tf32", 256): ((32, 64, 8),),
     ("dq", "tf32", 128): ((128, 64, 8),),

@@ -81,13 +81,13 @@ struct BwdDkdvWgmmaLayout {
     static constexpr int ROWWISE_BYTES = 2 * BLOCK_M * 4;
     static constexpr int STAGE_BYTES = 4 * TILE_M + ROWWISE_BYTES;
     static constexpr int STAGES = stages_that_fit(2 * TILE_KV, STAGE_BYTES, 1);
-    // Where not even one stage fits beside K and V (3xTF32 at head dim 256, one TF32 pass
-    // with 32-query tiles there): a ring of three slots of one operand tile each, through
-    // which an item's dO, Q, dO^T (with lse and delta) and Q^T pass in turn, each slot
-    // refilled once its last tile is used (dkdv_wgmma): three quarters of a stage's bytes.
-    // (3xTF32 with K and V in two parts: no tile that needs the ring would fit with it.)
-    static constexpr bool RING =
-        (KV_IN_REGISTERS || PARTS == 1) && 2 * TILE_KV + STAGE_BYTES + 2 * 8 > SM90_SMEM_PER_BLOCK;
+    // Where not even one stage fits beside K and V (3xTF32: 64-query tiles at head dim 64,
+    // 32 at 80 and 128, 16 at 152-160 and 232-256; one TF32 pass: 64 at 128, 32 at 160 and
+    // 240-256): a ring of three slots of one operand tile each, through which an item's
+    // dO, Q, dO^T (with lse and delta) and Q^T pass in turn, each slot refilled once its
+    // last tile is used (dkdv_wgmma): three quarters of a stage's bytes. Its S^T and dP^T
+    // are computed one after the other, which leaves the registers for those wider tiles.
+    static constexpr bool RING = 2 * TILE_KV + STAGE_BYTES + 2 * 8 > SM90_SMEM_PER_BLOCK;
     static constexpr int RING_SLOTS = 3, RING_SLOT = TILE_M + ROWWISE_BYTES;
     // One stage: its halves (Q, dO | Q^T, dO^T, lse, delta) land apart, each with its own
     // barrier, so that one half copies while the other is in use (dkdv_wgmma).

@@ -459,7 +459,12 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
 
     # plan._backward_families: wgmma first wherever its tiles compile without spills and fit.
     assert tiles(plans("tf32", 64)) == [("wgmma", (32, 192, 12)), ("wgmma", (128, 32, 8))]
-    assert tiles(plans("fp32", 64)) == [("wgmma", (32, 128, 8)), ("wgmma", (128, 32, 8))]
+    # "fp32" at 64 (plan.BWD_WGMMA_FIRST): 64-query tiles through the ring, K and V in two
+    # TF32 parts each (no words below 128); products one at a time leave them the registers.
+    assert tiles(plans("fp32", 64)) == [("wgmma", (64, 128, 8)), ("wgmma", (128, 32, 8))]
+    dkdv, _ = plans("fp32", 64)
+    assert dkdv.ring and not dkdv.kv_in_registers and dkdv.layout["k_tile"].shape == (2, 128, 64)
+    assert "but through the ring" in BwdDkdvWgmmaConfig("float32", "fp32", 64, 64, 64, 4, False).register_reason((9, 0))
     # "tf32" at 128 (plan.BWD_WGMMA_FIRST): dK/dV's 64-query tiles through the ring (one
     # stage does not fit beside K and V), dQ's 64-key tiles.
     assert tiles(plans("tf32", 128)) == [("wgmma", (64, 128, 8)), ("wgmma", (128, 64, 8))]
@@ -619,7 +624,7 @@ def test_fused_backward_is_planned_only_when_the_caller_gives_up_determinism_on_
 
 
 def test_fused_backward_layout_keeps_k_transposed_and_each_warpgroups_ds():
-    from cupyattn.plan import BwdDkdvWgmmaConfig, BwdFusedWgmmaConfig
+    from cupyattn.plan import SM90_SMEM_PER_BLOCK, BwdDkdvWgmmaConfig, BwdFusedWgmmaConfig
 
     fused = BwdFusedWgmmaConfig("float32", "tf32", 64, 32, 128, 8, False)
     assert [b.name for b in fused.layout] == ["k_tile", "v_tile", "kt_tile", "ds_tiles", "q_tiles", "barriers"]
@@ -632,6 +637,11 @@ def test_fused_backward_layout_keeps_k_transposed_and_each_warpgroups_ds():
     # dQ^T = K^T dS^T takes 64 head-dim rows a wgmma.
     assert fused.valid and not BwdFusedWgmmaConfig("float32", "tf32", 96, 32, 128, 8, False).valid
     assert BwdDkdvWgmmaConfig("float32", "tf32", 96, 32, 128, 8, False).valid
+    # No ring beside K^T (BwdFusedWgmmaLayout::RING is false): where a whole stage does not
+    # fit, the fused tile does not fit, though dK/dV's same tile streams through its ring.
+    big = BwdFusedWgmmaConfig("float32", "tf32", 128, 16, 128, 8, False)
+    assert not big.ring and big.layout.total > SM90_SMEM_PER_BLOCK and "ring" not in big.layout["q_tiles"].note
+    assert BwdDkdvWgmmaConfig("float32", "tf32", 128, 64, 128, 8, False).ring
 
 
 def test_3xtf32_forward_keeps_q_as_one_float32_copy_from_head_dim_128():
