@@ -744,7 +744,7 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
             return "12 warps leave 168 registers a lane: spills in 3xTF32 from head dim 32, else from 112"
         # (Through the ring, one product at a time: (64,128,8) at 64 took 234-238 registers.)
         if self.precision == "fp32" and self.block_m == 64 and self.head_dim_pad >= 64 and not self.ring:
-            return "3xTF32 with 64-query tiles spills from head dim 64 (but through the ring)"
+            return "3xTF32 with 64-query tiles spills from head dim 64 (unless through the ring)"
         # K and V words (kv_in_registers) take a k-step's A operands in registers too: at
         # 128-192 (NVRTC 13.5) (32,64,4) at 128 spilled 276 bytes, (16,64,4) at 192 992.
         # The ring computes S^T and dP^T one after the other (one product's k-step words
