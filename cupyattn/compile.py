@@ -195,6 +195,40 @@ def compile_only(config, arch: str) -> CompileReport:
     return _compile_only(config, target_arch(config, arch), tuple(_name_expressions(config)), kernels_hash())
 
 
+def check_layouts(configs, arch: str = "sm_90") -> int:
+    """Compile the layout checks (``check_expression``: the kernel's shared-memory layout
+    against the planner's, as static_asserts in an empty kernel) of many configurations,
+    one NVRTC program a kernel header, without their kernels: cheap enough for every
+    listed tile at every head dim. Raises CompileError naming the first that disagrees;
+    returns how many checks compiled."""
+    by_header: dict = {}
+    for config in configs:
+        check = check_expression(config)
+        if check:
+            by_header.setdefault((config.HEADER, target_arch(config, arch)), {})[check] = config
+    for (header, target), checks in sorted(by_header.items()):
+        nvrtc = _Nvrtc.for_arch(target)
+        options = list(NVRTC_OPTIONS) + [f"-arch={target}", f"-I{kernels_dir()}"]
+        options += [f"-I{d}" for d in nvrtc.include_dirs]
+        prog = nvrtc.create_program(hashed_source(f'#include "{header}"\n'), "cupyattn_layouts.cu")
+        try:
+            for check in checks:
+                nvrtc.add_name_expression(prog, check)
+            try:
+                nvrtc.compile_program(prog, options)
+            except CompileError as exc:
+                log = nvrtc.program_log(prog)
+                seen = re.findall(r"\[with Layout=(.*?), TOTAL=(\d+), OFFSETS=<([^>]*)>\]", log)
+                bad = sorted({checks[k].name_expression for k in
+                              (f"cupyattn::check_layout<{lay}, {total}, {offs}>" for lay, total, offs in seen)
+                              if k in checks})
+                raise CompileError(f"layout check of {', '.join(bad) or 'a configuration'} ({header}, {target}) "
+                                   f"failed ({exc}):\n{log}") from exc
+        finally:
+            nvrtc.destroy_program(prog)
+    return sum(len(checks) for checks in by_header.values())
+
+
 # NVRTC 13 (CUDA 13) dropped these; NVRTC 12 still compiles for them.
 LEGACY_ARCHS = ("sm_70", "sm_72")
 

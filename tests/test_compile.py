@@ -107,6 +107,48 @@ def test_layout_check_rejects_a_planner_kernel_mismatch(monkeypatch):
         cc.compile_only(cfg, "sm_80")
 
 
+def _listed_tiles(family):
+    """Every listed tensor-core tile of a kernel family, in each mode it takes, at head dims
+    16-256 (each padded as the planner pads it), where its kernel accepts it: planned or
+    not, fitting or not (tune_tiles, the listed-tile GPU tests and other head dims take them)."""
+    from cupyattn import plan as P
+
+    if family == "wgmma":
+        classes = ((P.FwdWgmmaConfig, P.FWD_WGMMA_TILES), (P.BwdDkdvWgmmaConfig, P.BWD_DKDV_WGMMA_TILES),
+                   (P.BwdFusedWgmmaConfig, P.BWD_FUSED_WGMMA_TILES), (P.BwdDqWgmmaConfig, P.BWD_DQ_WGMMA_TILES))
+        modes = (("float32", "fp32"), ("float32", "tf32"))
+    else:
+        classes = ((P.FwdMmaConfig, P.FWD_MMA_TILES), (P.BwdDkdvMmaConfig, P.BWD_DKDV_MMA_TILES),
+                   (P.BwdDqMmaConfig, P.BWD_DQ_MMA_TILES))
+        modes = (("float16", "fp16"), ("bfloat16", "bf16")) + tuple(("float32", m) for m in P.PRECISIONS)
+    configs = {cls(dtype, precision, cls.head_dim_pad_for(d, *tile), *tile, False)
+               for cls, tiles in classes for dtype, precision in modes for d in range(16, 257, 16) for tile in tiles}
+    return sorted((c for c in configs if c.valid), key=lambda c: c.name_expression)
+
+
+@pytest.mark.parametrize("family,arch", [("wgmma", "sm_90"), ("mma", "sm_80")])
+def test_every_listed_tile_layout_agrees_with_its_kernel(family, arch):
+    """The planner's layout of every listed tile against its kernel's (check_layout's
+    static_asserts, compiled without the kernels): the planned ones are also checked as
+    they compile above, and this catches a layout that only an unplanned tile has (e.g. a
+    ring where the kernel keeps a whole stage)."""
+    configs = _listed_tiles(family)
+    assert len(configs) > 500
+    assert cc.check_layouts(configs, arch) > 500
+
+
+def test_layout_checks_name_the_tile_that_disagrees(monkeypatch):
+    from cupyattn.plan import BwdFusedWgmmaConfig
+
+    # A planner whose fused pass takes dK/dV's ring where its kernel keeps a whole stage.
+    monkeypatch.setattr(BwdFusedWgmmaConfig, "ring", property(lambda self: self.block_m == 16))
+    good = BwdFusedWgmmaConfig("float32", "tf32", 64, 32, 128, 8, False)
+    bad = BwdFusedWgmmaConfig("float32", "tf32", 128, 16, 128, 8, False)
+    assert cc.check_layouts([good], "sm_90") == 1
+    with pytest.raises(cc.CompileError, match=re.escape(bad.name_expression)):
+        cc.check_layouts([good, bad], "sm_90")
+
+
 def test_kernel_source_carries_the_hash_of_every_kernel_file():
     cfg = FwdSimtConfig("float16", 64, 64, 32, 32, 4, False)
     src = cc.kernel_source(cfg)
