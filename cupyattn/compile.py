@@ -195,6 +195,11 @@ def compile_only(config, arch: str) -> CompileReport:
     return _compile_only(config, target_arch(config, arch), tuple(_name_expressions(config)), kernels_hash())
 
 
+def _options(nvrtc, arch: str) -> list[str]:
+    """NVRTC's options for the kernels on ``arch``: the language, target and include dirs."""
+    return list(NVRTC_OPTIONS) + [f"-arch={arch}", f"-I{kernels_dir()}"] + [f"-I{d}" for d in nvrtc.include_dirs]
+
+
 def check_layouts(configs, arch: str = "sm_90") -> int:
     """Compile the layout checks (``check_expression``: the kernel's shared-memory layout
     against the planner's, as static_asserts in an empty kernel) of many configurations,
@@ -208,8 +213,7 @@ def check_layouts(configs, arch: str = "sm_90") -> int:
             by_header.setdefault((config.HEADER, target_arch(config, arch)), {})[check] = config
     for (header, target), checks in sorted(by_header.items()):
         nvrtc = _Nvrtc.for_arch(target)
-        options = list(NVRTC_OPTIONS) + [f"-arch={target}", f"-I{kernels_dir()}"]
-        options += [f"-I{d}" for d in nvrtc.include_dirs]
+        options = _options(nvrtc, target)
         prog = nvrtc.create_program(hashed_source(f'#include "{header}"\n'), "cupyattn_layouts.cu")
         try:
             for check in checks:
@@ -237,8 +241,7 @@ LEGACY_ARCHS = ("sm_70", "sm_72")
 def _compile_only(config, arch: str, _names: tuple, _kernels_hash: str) -> CompileReport:
     expr = config.name_expression
     nvrtc = _Nvrtc.for_arch(arch)
-    options = list(NVRTC_OPTIONS) + [f"-arch={arch}", "-Xptxas=-v", f"-I{kernels_dir()}"]
-    options += [f"-I{d}" for d in nvrtc.include_dirs]
+    options = _options(nvrtc, arch) + ["-Xptxas=-v"]
     prog = nvrtc.create_program(kernel_source(config), "cupyattn.cu")
     try:
         for name in _name_expressions(config):

@@ -1306,6 +1306,12 @@ BWD_FUSED_WHERE_FASTER = {("tf32", 64)}  # (precision, padded head dim)
 WGMMA_BACKWARD_MIN_ROWS = 1024
 
 
+def _first(preferred, tiles) -> tuple:
+    """``tiles`` with those of ``preferred`` that it lists moved to the front, in that order."""
+    first = tuple(t for t in preferred if t in tiles)
+    return first + tuple(t for t in tiles if t not in first)
+
+
 def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_rows: int) -> tuple:
     """The (kernel class, tiles) of a backward pass ("dkdv" or "dq") in preference order:
     where a block streams at least WGMMA_BACKWARD_MIN_ROWS rows, the wgmma tiles first
@@ -1319,8 +1325,7 @@ def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_ro
         wgmma, mma = (BwdDkdvWgmmaConfig, BWD_DKDV_WGMMA_TILES), (BwdDkdvMmaConfig, BWD_DKDV_MMA_TILES)
     else:
         wgmma, mma = (BwdDqWgmmaConfig, BWD_DQ_WGMMA_TILES), (BwdDqMmaConfig, BWD_DQ_MMA_TILES)
-    first = tuple(t for t in BWD_WGMMA_FIRST.get((kind, precision, head_dim_pad), ()) if t in wgmma[1])
-    wgmma = (wgmma[0], first + tuple(t for t in wgmma[1] if t not in first))
+    wgmma = (wgmma[0], _first(BWD_WGMMA_FIRST.get((kind, precision, head_dim_pad), ()), wgmma[1]))
     return (wgmma, mma) if streamed_rows >= WGMMA_BACKWARD_MIN_ROWS else (mma, wgmma)
 
 
@@ -1366,8 +1371,7 @@ def _forward_families(precision: str, head_dim_pad: int, causal: bool, streamed_
     d_class = 64 if head_dim_pad <= 64 else 128 if head_dim_pad <= 128 else 256
     if precision == "fp32" and 64 < head_dim_pad <= 176:  # FWD_WGMMA_FIRST's comment
         d_class = 128 if head_dim_pad >= FwdWgmmaConfig.Q_IN_REGISTERS_FROM else 112
-    first = tuple(t for t in FWD_WGMMA_FIRST.get((precision, d_class, causal), ()) if t in FWD_WGMMA_TILES)
-    wgmma = (FwdWgmmaConfig, first + tuple(t for t in FWD_WGMMA_TILES if t not in first))
+    wgmma = (FwdWgmmaConfig, _first(FWD_WGMMA_FIRST.get((precision, d_class, causal), ()), FWD_WGMMA_TILES))
     mma = (FwdMmaConfig, FWD_MMA_TILES)
     return (wgmma, mma) if streamed_keys >= WGMMA_FORWARD_MIN_KEYS else (mma, wgmma)
 
