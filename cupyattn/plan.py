@@ -738,8 +738,12 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         # tests/test_compile.py compiles the planned ones.
         if self.head_dim_pad // self.d_split > 208:
             return "dK and dV (head_dim / 2 / d_split accumulators a lane each) spill above head dim 208 a warpgroup"
-        if self.num_warps == 16 and (self.precision == "fp32" or self.head_dim_pad >= 64):
-            return "16 warps leave 128 registers a lane: spills in 3xTF32, and from head dim 64"
+        # (One TF32 pass, 16-query tiles: (16,256,16) at 64-80 took 112-126 registers, no
+        # spills; at 96, 288 bytes. (32,256,16) at 64 spilled 36.)
+        if self.num_warps == 16 and (self.precision == "fp32"
+                                     or self.head_dim_pad >= (96 if self.block_m == 16 else 64)):
+            return ("16 warps leave 128 registers a lane: spills in 3xTF32, and from head dim 64 "
+                    "(16-query tiles: 96)")
         if self.num_warps == 12 and self.head_dim_pad >= (32 if self.precision == "fp32" else 112):
             return "12 warps leave 168 registers a lane: spills in 3xTF32 from head dim 32, else from 112"
         # (Through the ring, one product at a time: (64,128,8) at 64 took 234-238 registers.)
@@ -754,8 +758,9 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         if self.kv_in_registers and self.head_dim_pad // self.d_split + 2 * self.block_m > words_limit:
             return (f"3xTF32 with K and V words spills where head_dim / d_split + 2 x block_m > {words_limit}"
                     f"{' (products one at a time through the ring)' if self.ring else ''}")
-        if self.block_m == 32 and self.head_dim_pad // self.d_split >= 192:
-            return "32-query tiles spill from 192 head-dim columns a warpgroup"
+        # ((32,64,4) "tf32" at 176-192 took 250-252 registers, no spills; at 208, 260 bytes.)
+        if self.block_m == 32 and self.head_dim_pad // self.d_split >= 208:
+            return "32-query tiles spill from 208 head-dim columns a warpgroup"
         # One TF32 pass through the ring: (64,128,8) at 128, (32,128,8) at 160, (32,64,8) at
         # 256 took 204-240 registers, no spills; (64,64,4) at 160 spilled 24-56 bytes.
         if self.ring and self.parts == 1 and self.head_dim_pad // self.d_split + self.block_m > 192:
@@ -864,8 +869,10 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
 
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
         # As for dK/dV: from every listed tile at head dims 16-256 through ptxas.
-        if self.precision == "fp32" and self.block_n == 64:
-            return "3xTF32 with 64-key tiles spills (255 registers a lane)"
+        # ((128,64,8) and (64,64,4) at head dim 64 took 250-255 registers, no spills, NVRTC
+        # 13.5; (128,64,8) at 48, 80, 96, 112 spilled 48-176 bytes.)
+        if self.precision == "fp32" and self.block_n == 64 and self.head_dim_pad != 64:
+            return "3xTF32 with 64-key tiles spills (255 registers a lane) but at head dim 64"
         if self.precision == "fp32" and self.num_warps > 8:
             return "3xTF32 spills with more than 8 warps (168 registers a lane or fewer)"
         return None
