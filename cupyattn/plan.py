@@ -869,10 +869,9 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
 
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
         # As for dK/dV: from every listed tile at head dims 16-256 through ptxas.
-        # ((128,64,8) and (64,64,4) at head dim 64 took 250-255 registers, no spills, NVRTC
-        # 13.5; (128,64,8) at 48, 80, 96, 112 spilled 48-176 bytes.)
-        if self.precision == "fp32" and self.block_n == 64 and self.head_dim_pad != 64:
-            return "3xTF32 with 64-key tiles spills (255 registers a lane) but at head dim 64"
+        # 3xTF32 with 64-key tiles computes S, then dP (kernels/attn_bwd_wgmma.cuh): (128,64,8)
+        # and (64,64,4) at head dims 16-64 (where they fit), causal and not, took 167-244
+        # registers, no spills; both products at once took 250-255 and spilled at 48.
         if self.precision == "fp32" and self.num_warps > 8:
             return "3xTF32 spills with more than 8 warps (168 registers a lane or fewer)"
         return None

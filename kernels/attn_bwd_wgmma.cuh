@@ -733,6 +733,14 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 float4* const swap[2] = {reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES),
                                          reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES + L::TILE_N)};
                 swap_pair_products(sdp, own, swap, product, warp % 4, lane);
+            } else if constexpr (PASSES == 3 && BLOCK_N == 64) {
+                // 3xTF32 with 64-key tiles: S, then dP (one product's fresh accumulators at
+                // a time, as dK/dV's ring computes them), for the registers.
+#pragma unroll
+                for (int product = 0; product < 2; ++product)
+                    one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(
+                        sdp[product], product, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr},
+                        KV_PART * 4);
             } else if constexpr (L::Q_IN_REGISTERS)
                 words_by_rows<2, BLOCK_N, K_STEPS, BLOCK_N>(sdp, {q_words, do_words}, {k_addr, v_addr}, KV_PART * 4);
             else

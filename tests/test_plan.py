@@ -589,7 +589,8 @@ def test_wgmma_backward_layouts_and_register_rules():
     assert BwdDkdvWgmmaConfig("float32", "tf32", 208, 32, 64, 4, False).register_reason((9, 0))
     assert BwdDkdvWgmmaConfig("float32", "tf32", 192, 32, 64, 4, False).register_reason((9, 0)) is None
     assert BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 192, 12, False).register_reason((9, 0)) is None
-    assert BwdDqWgmmaConfig("float32", "fp32", 96, 64, 64, 4, False).register_reason((9, 0))
+    # 3xTF32 dQ with 64-key tiles computes S, then dP: no register rule (they fit up to 64).
+    assert BwdDqWgmmaConfig("float32", "fp32", 48, 128, 64, 8, False).register_reason((9, 0)) is None
     assert BwdDqWgmmaConfig("float32", "fp32", 64, 64, 64, 4, False).register_reason((9, 0)) is None
     assert BwdDqWgmmaConfig("float32", "fp32", 48, 192, 32, 12, False).register_reason((9, 0))
     assert BwdDqWgmmaConfig("float32", "tf32", 64, 256, 32, 16, False).register_reason((9, 0)) is None
