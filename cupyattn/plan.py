@@ -1343,16 +1343,20 @@ def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_ro
 #   tf32 dK/dV 128: (64,128,8) through the ring 10.80 / 6.24 < (32,128,8) 11.37 / 6.54
 #   tf32 dK/dV 256: (32,64,8), d_split 2, through the ring 27.50 / 15.48 < (16,64,8) 29.74 / 16.91
 #   tf32 dQ 128:    (128,64,8) 11.04 / 6.53 < (128,32,8) 11.39 / 6.76
+# and (eighteenth session, same command):
+#   fp32 dQ 64:     (128,64,8), S then dP, 12.42 / 6.90 < (128,32,8) 13.12 / 7.28
 # The list's order already takes the ring's wider tiles where they come first: "fp32"
 # dK/dV 80 (32,128,8) 19.54 / 10.71 against the split stage's (16,128,8) 21.29 / 11.55;
 # "tf32" 160 (32,128,8) 14.04 / 8.05 against (16,128,8) 15.56 / 8.81. Elsewhere these
 # tiles are unmeasured or slower ("tf32" D=64: dQ (128,64,8) 3.94 against (128,32,8) 3.72
-# causal).
+# causal, and 7.31 / 3.98 against 6.35 / 3.55 in the eighteenth session; dK/dV (16,256,16)
+# 6.85 / 3.97 against the list's (32,192,12) 6.43 / 3.77).
 BWD_WGMMA_FIRST = {
     ("dkdv", "fp32", 64): ((64, 128, 8),),
     ("dkdv", "tf32", 128): ((64, 128, 8),),
     ("dkdv", "tf32", 256): ((32, 64, 8),),
     ("dq", "tf32", 128): ((128, 64, 8),),
+    ("dq", "fp32", 64): ((128, 64, 8),),
 }
 
 

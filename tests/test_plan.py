@@ -461,7 +461,8 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert tiles(plans("tf32", 64)) == [("wgmma", (32, 192, 12)), ("wgmma", (128, 32, 8))]
     # "fp32" at 64 (plan.BWD_WGMMA_FIRST): 64-query tiles through the ring, K and V in two
     # TF32 parts each (no words below 128); products one at a time leave them the registers.
-    assert tiles(plans("fp32", 64)) == [("wgmma", (64, 128, 8)), ("wgmma", (128, 32, 8))]
+    # dQ's 64-key tiles (plan.BWD_WGMMA_FIRST), S then dP: N=64 score products.
+    assert tiles(plans("fp32", 64)) == [("wgmma", (64, 128, 8)), ("wgmma", (128, 64, 8))]
     dkdv, _ = plans("fp32", 64)
     assert dkdv.ring and not dkdv.kv_in_registers and dkdv.layout["k_tile"].shape == (2, 128, 64)
     assert "unless through the ring" in BwdDkdvWgmmaConfig("float32", "fp32", 64, 64, 64, 4, False).register_reason((9, 0))
