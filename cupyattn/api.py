@@ -259,6 +259,21 @@ def _device_for(call: _Call, smem_limit):
     return _device_spec(call.device_id).with_smem_limit(limit)
 
 
+# The backward's dQ pass on a second stream beside the dK/dV pass (see attention_backward).
+OVERLAP_DQ = True
+_SIDE_STREAMS = {}
+
+
+def _side_stream(device_id: int):
+    """One non-blocking stream per device for work beside the caller's stream (joined to
+    it with events, so no implicit synchronization with the legacy default stream)."""
+    import cupy
+
+    if device_id not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device_id] = cupy.cuda.Stream(non_blocking=True)
+    return _SIDE_STREAMS[device_id]
+
+
 def _launch(config, spec, blocks: int, what: str, args, smem: int = 0):
     if blocks >= 2**31:
         raise ValueError(f"{what}: {blocks} blocks exceed the grid limit of 2**31 - 1")
@@ -380,7 +395,10 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     the staging launch of a wgmma dK/dV pass as it reads dout); a dK/dV pass that
     keeps a key tile and loops over query heads and tiles; a dQ pass that keeps
     a query tile and loops over key tiles. Each pass is planned on its own for
-    the device's shared memory. Extra device memory beyond dq, dk, dv: delta,
+    the device's shared memory. The dQ pass runs on a second stream of the
+    library's, beside the dK/dV pass (so that neither pass's last blocks leave
+    SMs idle), forked from and joined back to the current stream with events:
+    work queued on the current stream after the call sees every gradient. Extra device memory beyond dq, dk, dv: delta,
     4 * B * Hq * Sq bytes; nothing of size Sq x Sk.
     """
     import cupy
@@ -419,19 +437,20 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
                  np.int32(call.D), np.int32(call.Dv))
         tail = (np.float32(call.scale), np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0))
         operands = {}  # the inputs as each pass reads them (_operands_for), rounded once at most
+        for plan in bplan.plans:  # on the caller's stream, before the dQ pass's stream forks off
+            key = isinstance(plan.config, MmaConfig)
+            if key not in operands:
+                operands[key] = _operands_for(plan, (call.qs, call.ks, call.vs, dos))
 
         def inputs(plan):
             """Pointers, strides and (wgmma kernels) the staged tiles of one pass's launch; the
             staged arrays themselves, which the caller holds until the launch."""
-            key = isinstance(plan.config, MmaConfig)
-            if key not in operands:
-                operands[key] = _operands_for(plan, (call.qs, call.ks, call.vs, dos))
-            qs, ks, vs, do_ = operands[key]
+            qs, ks, vs, do_ = operands[isinstance(plan.config, MmaConfig)]
             staging = getattr(plan.config, "staging", None)
             staged = ()
             if staging is not None:  # the streamed tiles split into TF32 parts once, for every block
-                staged = (stage_tiles(staging, spec, qs, do_, os_, lse, delta) if staging.operands == "dkdv queries"
-                          else stage_tiles(staging, spec, ks, vs),)
+                staged = (stage_tiles(staging, spec, qs, do_, os_, lse, delta)
+                          if staging.operands == "dkdv queries" else stage_tiles(staging, spec, ks, vs),)
             return ((_ptr(qs), _ptr(ks), _ptr(vs), _ptr(do_), _ptr(lse), _ptr(delta)),
                     (*_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs), *_elem_strides(do_)), staged)
 
@@ -442,16 +461,31 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         if bplan.dq is None:  # dQ added by the dK/dV pass with atomics (deterministic=False)
             _zero_fill(dqs)
             fused = (_ptr(dqs), *_elem_strides(dqs))
+        # Everything the dQ pass reads is ready here (delta too), so it runs on a second
+        # stream beside the dK/dV pass (OVERLAP_DQ), whose last blocks leave SMs idle otherwise.
+        main = cupy.cuda.get_current_stream()
+        overlap = OVERLAP_DQ and bplan.dq is not None
+        ready = main.record() if overlap else None
         _launch(cfg, spec, num_n_tiles * call.B * call.Hkv, "k", (
             *ptrs, _ptr(dks), _ptr(dvs), *strides, *_elem_strides(dks), *_elem_strides(dvs),
             *sizes, np.int32(num_n_tiles), *tail, *map(_ptr, staged), *fused), bplan.dkdv.smem_bytes)
         if bplan.dq is None:
             return dq, dk, dv
 
-        cfg = bplan.dq.config
-        ptrs, strides, staged = inputs(bplan.dq)
-        num_m_tiles = -(-call.Sq // cfg.block_m)
-        _launch(cfg, spec, num_m_tiles * call.B * call.Hq, "q", (
-            *ptrs, _ptr(dqs), *strides, *_elem_strides(dqs),
-            *sizes, np.int32(num_m_tiles), *tail, *map(_ptr, staged)), bplan.dq.smem_bytes)
+        def dq_pass():
+            cfg = bplan.dq.config
+            ptrs, strides, staged = inputs(bplan.dq)
+            num_m_tiles = -(-call.Sq // cfg.block_m)
+            _launch(cfg, spec, num_m_tiles * call.B * call.Hq, "q", (
+                *ptrs, _ptr(dqs), *strides, *_elem_strides(dqs),
+                *sizes, np.int32(num_m_tiles), *tail, *map(_ptr, staged)), bplan.dq.smem_bytes)
+
+        if overlap:
+            side = _side_stream(call.device_id)
+            side.wait_event(ready)
+            with side:  # (arrays made here return to the side stream's pool, reused in its order)
+                dq_pass()
+            main.wait_event(side.record())  # the caller's stream sees dq, and later work follows it
+        else:
+            dq_pass()
     return dq, dk, dv

@@ -449,3 +449,34 @@ def test_causal_grids_of_several_head_groups_match_the_reference(path, causal, m
     finally:
         P.plan_forward.cache_clear()
         P.plan_backward.cache_clear()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_the_dq_pass_beside_dkdv_joins_the_callers_stream(precision, monkeypatch):
+    """The backward's dQ pass runs on a second stream beside the dK/dV pass
+    (api.OVERLAP_DQ). With that stream held up by a spinning kernel, a copy queued on the
+    caller's (non-default) stream right after the call still reads the finished dq, not
+    the poison it was filled with: the caller's stream waits for the dQ pass. The bits
+    are those of both passes on one stream."""
+    import cupy
+
+    from cupyattn import api
+
+    B, S, H, D = 1, 512, 4, 64
+    _, (q, k, v, dout) = _inputs([(B, S, H, D)] * 4, "float32", 21)
+    spin = cupy.RawKernel(_SPIN, "spin")
+    clock_hz = cupy.cuda.runtime.getDeviceProperties(0)["clockRate"] * 1000
+    grads = {}
+    with cupy.cuda.Stream(non_blocking=True) as work:
+        out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True, precision=precision)
+        for overlap in (False, True):
+            monkeypatch.setattr(api, "OVERLAP_DQ", overlap)
+            dq = cupy.empty_like(q)
+            testing.poison(dq)
+            with api._side_stream(q.device.id):
+                spin((1,), (1,), (np.int64(clock_hz // 5),))  # ~0.2 s ahead of the dQ pass
+            cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, precision=precision, dq=dq)
+            grads[overlap] = dq.copy()  # queued on `work` right behind the call
+        work.synchronize()
+    assert bool(cupy.isfinite(grads[True]).all()), "the caller's stream did not wait for the dQ pass"
+    assert np.array_equal(_bits(grads[True]), _bits(grads[False]))
