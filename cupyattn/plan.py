@@ -1310,6 +1310,21 @@ BWD_FUSED_WHERE_FASTER = {("tf32", 64)}  # (precision, padded head dim)
 # S = 512 0.86-0.89x, S = 1024 1.03-1.07x (causal, 512 rows seen: 0.94-1.01x), 2048
 # and 4096 1.01-1.18x; "fp32" D=64 1.03-1.06x not causal, 0.94-0.98x causal up to 2048.
 WGMMA_BACKWARD_MIN_ROWS = 1024
+# From padded head dim 128 the wgmma passes are faster at every length measured (H200,
+# eighteenth session, `families.py --pass bwd --dims 128,192,256 --seqlens 1024,512
+# --wgmma-from 256`, wgmma / mma.sync only): 256 rows seen (S = 512 causal) "tf32"
+# 1.08x (128), 1.14x (192), 1.46x (256), "fp32" 1.27x, 1.61x, 3.06x; 512 rows seen
+# 1.32-5.22x. (Fewer rows were not measured.)
+WGMMA_BACKWARD_MIN_ROWS_FROM_128 = 256
+
+
+def wgmma_backward_min_rows(head_dim_pad: int) -> int:
+    """Rows a block streams from which the backward plans its wgmma tiles first, at this
+    padded head dim (the lower of the two thresholds from 128, so that lowering
+    WGMMA_BACKWARD_MIN_ROWS, as tests do to force the wgmma kernels, lowers both)."""
+    if head_dim_pad >= 128:
+        return min(WGMMA_BACKWARD_MIN_ROWS, WGMMA_BACKWARD_MIN_ROWS_FROM_128)
+    return WGMMA_BACKWARD_MIN_ROWS
 
 
 def _first(preferred, tiles) -> tuple:
@@ -1320,7 +1335,7 @@ def _first(preferred, tiles) -> tuple:
 
 def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_rows: int) -> tuple:
     """The (kernel class, tiles) of a backward pass ("dkdv" or "dq") in preference order:
-    where a block streams at least WGMMA_BACKWARD_MIN_ROWS rows, the wgmma tiles first
+    where a block streams at least wgmma_backward_min_rows rows, the wgmma tiles first
     (those that compile without spills: above head dim 208 for dK/dV only the d_split 2 tiles), then
     mma.sync's; else mma.sync's first. With their streamed tiles staged once per call,
     the wgmma passes measured faster than mma.sync's at every head dim where they fit
@@ -1332,7 +1347,7 @@ def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_ro
     else:
         wgmma, mma = (BwdDqWgmmaConfig, BWD_DQ_WGMMA_TILES), (BwdDqMmaConfig, BWD_DQ_MMA_TILES)
     wgmma = (wgmma[0], _first(BWD_WGMMA_FIRST.get((kind, precision, head_dim_pad), ()), wgmma[1]))
-    return (wgmma, mma) if streamed_rows >= WGMMA_BACKWARD_MIN_ROWS else (mma, wgmma)
+    return (wgmma, mma) if streamed_rows >= wgmma_backward_min_rows(head_dim_pad) else (mma, wgmma)
 
 
 # Backward wgmma tiles that go before the lists' order at one mode and padded head dim
@@ -1592,7 +1607,7 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec) -> BackwardPlan
                       else (problem.seqlen_q // 2, problem.seqlen_k // 2))
     dkdv_blocks = lambda cfg: (problem.batch * problem.heads_kv
                                * -(-max(1, problem.seqlen_k) // cfg.block_n))
-    if not problem.deterministic and seen_q >= WGMMA_BACKWARD_MIN_ROWS:
+    if not problem.deterministic and seen_q >= wgmma_backward_min_rows(d_pad):
         fused = _plan_fused(problem, device, max_m, max_n, dkdv_blocks)
         if fused is not None:
             return BackwardPlan(delta=_delta_launch(problem, fused), dkdv=fused, dq=None)

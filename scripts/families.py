@@ -2,7 +2,10 @@
 tiles only), at several sequence lengths: where does wgmma stop paying?
 
     PYTHONPATH=. python scripts/families.py [--pass fwd|bwd] [--dims 64] [--seqlens 512,1024,2048,4096]
-        [--batch 4]
+        [--batch 4] [--wgmma-from ROWS]
+
+--wgmma-from: plan the backward's wgmma tiles first from this many streamed rows
+(plan.WGMMA_BACKWARD_MIN_ROWS) instead, so that "as planned" is wgmma below it too.
 """
 
 import argparse
@@ -35,7 +38,10 @@ def main():
     parser.add_argument("--seqlens", default="512,1024,2048,4096")
     parser.add_argument("--precisions", default="tf32,fp32")
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--wgmma-from", type=int, default=None)
     args = parser.parse_args()
+    if args.wgmma_from is not None:
+        P.WGMMA_BACKWARD_MIN_ROWS = args.wgmma_from
     B, H = args.batch, 16
     spec = current_device()
     names = TABLES[args.pass_]

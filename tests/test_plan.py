@@ -533,6 +533,12 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert all(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=1024))
     assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=1024, causal=True))
     assert all(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=2048, causal=True))
+    # From head dim 128: from 256 rows (plan.WGMMA_BACKWARD_MIN_ROWS_FROM_128).
+    for precision, d in (("tf32", 128), ("fp32", 128), ("fp32", 256), ("tf32", 256)):
+        assert all(isinstance(c, WgmmaConfig) for c in plans(precision, d, seqlen=512, causal=True))
+        if d == 128:  # (at 256 mma.sync's tiles spill or do not fit: wgmma's whatever the length)
+            assert not any(isinstance(c, WgmmaConfig) for c in plans(precision, d, seqlen=256, causal=True))
+    assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 112, seqlen=1024, causal=True))
     # dK/dV streams the queries, dQ the keys: each pass by its own length.
     problem = AttentionProblem("float32", 64, 64, False, 4, 16, 16, 4096, 512, precision=("tf32",))
     bwd = plan_backward(problem, named_device("h200"))
