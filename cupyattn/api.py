@@ -396,10 +396,14 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     keeps a key tile and loops over query heads and tiles; a dQ pass that keeps
     a query tile and loops over key tiles. Each pass is planned on its own for
     the device's shared memory. The dQ pass runs on a second stream of the
-    library's, beside the dK/dV pass (so that neither pass's last blocks leave
-    SMs idle), forked from and joined back to the current stream with events:
-    work queued on the current stream after the call sees every gradient. Extra device memory beyond dq, dk, dv: delta,
-    4 * B * Hq * Sq bytes; nothing of size Sq x Sk.
+    library's (one per device), beside the dK/dV pass, so that neither pass's
+    last blocks leave SMs idle; it is forked from and joined back to the
+    current stream with events, so work queued on the current stream after the
+    call sees every gradient (calls from several host threads at once share
+    that stream, which may order them after one another). Extra device memory
+    beyond dq, dk, dv: delta, 4 * B * Hq * Sq bytes, and the tiles the wgmma
+    passes stage (``explain`` gives their bytes; both passes' at once);
+    nothing of size Sq x Sk.
     """
     import cupy
 
