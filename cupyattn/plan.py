@@ -736,8 +736,10 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         # the staged kernel, 542 dK/dV and dQ tiles that fit): these rules catch every one
         # that spills (and 21 clean dK/dV tiles with them, 20 at head dims 16-112).
         # tests/test_compile.py compiles the planned ones.
-        if self.head_dim_pad // self.d_split > 208:
-            return "dK and dV (head_dim / 2 / d_split accumulators a lane each) spill above head dim 208 a warpgroup"
+        # (Causal (16,64,4) "tf32" at 208 took 255 registers and spilled 8 bytes; eighteenth
+        # session, scripts/rule_audit.py --admitted --causal yes.)
+        if self.head_dim_pad // self.d_split >= 208:
+            return "dK and dV (head_dim / 2 / d_split accumulators a lane each) spill from head dim 208 a warpgroup"
         # (One TF32 pass, 16-query tiles: (16,256,16) at 64-80 took 112-126 registers, no
         # spills; at 96, 288 bytes. (32,256,16) at 64 spilled 36.)
         if self.num_warps == 16 and (self.precision == "fp32"
@@ -746,9 +748,10 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
                     "(16-query tiles: 96)")
         if self.num_warps == 12 and self.head_dim_pad >= (32 if self.precision == "fp32" else 112):
             return "12 warps leave 168 registers a lane: spills in 3xTF32 from head dim 32, else from 112"
-        # (Through the ring, one product at a time: (64,128,8) at 64 took 234-238 registers.)
-        if self.precision == "fp32" and self.block_m == 64 and self.head_dim_pad >= 64 and not self.ring:
-            return "3xTF32 with 64-query tiles spills from head dim 64 (unless through the ring)"
+        # (Through the ring, one product at a time: (64,128,8) at 64 took 234-238 registers.
+        # Causal (64,128,8) and (64,64,4) at 48, both products at once, spilled 28 bytes.)
+        if self.precision == "fp32" and self.block_m == 64 and self.head_dim_pad >= 48 and not self.ring:
+            return "3xTF32 with 64-query tiles spills from head dim 48 (unless through the ring)"
         # K and V words (kv_in_registers) take a k-step's A operands in registers too: at
         # 128-192 (NVRTC 13.5) (32,64,4) at 128 spilled 276 bytes, (16,64,4) at 192 992.
         # The ring computes S^T and dP^T one after the other (one product's k-step words
@@ -1228,12 +1231,12 @@ FWD_WGMMA_FIRST = {
 # (64,16,4) 43.37, and D=256 (64,16,4) 300.01 (the only tile that fits).
 # (16,64,8) and (32,64,8), d_split 2 (compiled for sm_90a without spills at every head
 # dim 32-256 a multiple of 32 where they fit, causal and not, 64-219 registers): the
-# only wgmma dK/dV tiles above head dim 208. Timed (eleventh session, whole backward
+# only wgmma dK/dV tiles from head dim 208. Timed (eleventh session, whole backward
 # ms, the mma.sync family in the same call): "tf32" D=256 (16,64,8) 44.64 against
 # mma.sync (32,32,4) 61.76, causal 23.58 against 35.37 ((32,64,8) needs 262408 bytes
 # there); where other tiles fit they are slower: "tf32" D=128 causal (32,64,8) 9.74 and
 # (16,64,8) 12.05 against (32,128,8) 7.72; "fp32" D=128 (16,64,8) 55.14 against
-# (16,64,4) 47.15. Last in the list, so planned only above head dim 208.
+# (16,64,4) 47.15. Last in the list, so planned only from head dim 208.
 # "fp32" from head dim 128 keeps K and V as float32 words (BwdDkdvWgmmaConfig.kv_in_registers:
 # half their bytes), so 8-warp tiles fit at 128 and (16,64,8) at 160-224; same sweep
 # (thirteenth session, whole backward ms): D=128 (16,128,8) 29.63 < (32,64,8) 33.92 <
@@ -1336,7 +1339,7 @@ def _first(preferred, tiles) -> tuple:
 def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_rows: int) -> tuple:
     """The (kernel class, tiles) of a backward pass ("dkdv" or "dq") in preference order:
     where a block streams at least wgmma_backward_min_rows rows, the wgmma tiles first
-    (those that compile without spills: above head dim 208 for dK/dV only the d_split 2 tiles), then
+    (those that compile without spills: from head dim 208 for dK/dV only the d_split 2 tiles), then
     mma.sync's; else mma.sync's first. With their streamed tiles staged once per call,
     the wgmma passes measured faster than mma.sync's at every head dim where they fit
     (H200, B=4, H=16, S=4096, whole backward ms, wgmma / mma.sync, one device call,
@@ -1637,18 +1640,20 @@ def _plan_fused(problem: AttentionProblem, device: DeviceSpec, max_m: int, max_n
     return dataclasses.replace(plan, reason=why)
 
 
-def planned_configs(device: DeviceSpec, head_dims, dtypes, causals=(True,), precisions=(None,)) -> dict:
+def planned_configs(device: DeviceSpec, head_dims, dtypes, causals=(True,), precisions=(None,),
+                    seqlens=(4096,)) -> dict:
     """Every configuration (forward, delta, dK/dV, dQ) the planner picks on ``device``
-    for B=4, H=16, S=4096 at these head dims, dtypes, causal settings and (float32)
-    precision modes, by name."""
+    for B=4, H=16, S in ``seqlens`` at these head dims, dtypes, causal settings and
+    (float32) precision modes, by name."""
     configs = {}
     for d in head_dims:
         for dtype in dtypes:
             for causal in causals:
                 for precision in (precisions if dtype == "float32" else (None,)):
-                    problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096, precision=precision)
-                    bwd = plan_backward(problem, device)
-                    for cfg in (plan_forward(problem, device).config, bwd.delta, *(p.config for p in bwd.plans)):
-                        if cfg is not None:
-                            configs[cfg.name_expression] = cfg
+                    for s in seqlens:
+                        problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, s, s, precision=precision)
+                        bwd = plan_backward(problem, device)
+                        for cfg in (plan_forward(problem, device).config, bwd.delta, *(p.config for p in bwd.plans)):
+                            if cfg is not None:
+                                configs[cfg.name_expression] = cfg
     return configs

@@ -76,6 +76,21 @@ def test_planned_kernels_compile_for_every_architecture_without_spills(arch, con
     assert 0 < report.registers <= 255
 
 
+# The wgmma kernels (sm_90, float32 "fp32" / "tf32") as planned at every padded head dim
+# and at lengths whose blocks stream fewer rows than S = 4096's (so smaller tiles: the
+# planner takes wgmma from 256 streamed rows at head dims from 128), causal and not.
+WGMMA_PLANNED = sorted((cfg for cfg in planned_configs(named_device("h200"), range(16, 257, 16), ("float32",),
+                                                       causals=(False, True), precisions=("fp32", "tf32"),
+                                                       seqlens=(512, 1024, 4096)).values()
+                        if isinstance(cfg, WgmmaConfig)), key=lambda c: c.name_expression)
+
+
+@pytest.mark.parametrize("config", WGMMA_PLANNED, ids=[c.name_expression for c in WGMMA_PLANNED])
+def test_planned_wgmma_kernels_at_every_head_dim_and_length_compile_without_spills(config):
+    report = cc.compile_only(config, "sm_90")
+    assert report.spills == 0 and report.stack_bytes == 0, (config.name_expression, report.registers, report.spills)
+
+
 FP32_WIDE_MATRIX = sorted({(arch, cfg) for arch, device in (("sm_80", "a100"), ("sm_90", "h100"),
                                                             ("sm_100", "b200"), ("sm_120", "rtx5090"))
                            for cfg in planned_configs(named_device(device), FP32_WIDE_DIMS, ("float32",),

@@ -596,6 +596,14 @@ def test_wgmma_backward_layouts_and_register_rules():
     assert BwdDkdvWgmmaConfig("float32", "tf32", 208, 32, 64, 4, False).register_reason((9, 0))
     assert BwdDkdvWgmmaConfig("float32", "tf32", 192, 32, 64, 4, False).register_reason((9, 0)) is None
     assert BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 192, 12, False).register_reason((9, 0)) is None
+    # Causal instances that spilled though the rules let them through (rule_audit.py
+    # --admitted --causal yes, eighteenth session): "tf32" (16,64,4) at 208, 8 bytes;
+    # "fp32" 64-query tiles at 48, both products at once, 28 bytes.
+    assert "from head dim 208" in BwdDkdvWgmmaConfig("float32", "tf32", 208, 16, 64, 4, True).register_reason((9, 0))
+    assert "from head dim 48" in BwdDkdvWgmmaConfig("float32", "fp32", 48, 64, 128, 8, True).register_reason((9, 0))
+    problem = AttentionProblem("float32", 200, 200, True, 4, 16, 16, 4096, 4096, precision=("tf32",))
+    dkdv = plan_backward(problem, named_device("h200")).dkdv.config
+    assert (dkdv.block_m, dkdv.block_n, dkdv.num_warps, dkdv.d_split, dkdv.head_dim_pad) == (16, 64, 8, 2, 224)
     # 3xTF32 dQ with 64-key tiles computes S, then dP: no register rule (they fit up to 64).
     assert BwdDqWgmmaConfig("float32", "fp32", 48, 128, 64, 8, False).register_reason((9, 0)) is None
     assert BwdDqWgmmaConfig("float32", "fp32", 64, 64, 64, 4, False).register_reason((9, 0)) is None
