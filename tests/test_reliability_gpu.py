@@ -93,6 +93,14 @@ extern "C" __global__ void spin(long long cycles) {
 """
 
 
+def _spin(seconds: float) -> None:
+    """Queue a one-thread kernel that spins for about ``seconds`` on the current stream."""
+    import cupy
+
+    clock_hz = cupy.cuda.runtime.getDeviceProperties(0)["clockRate"] * 1000
+    cupy.RawKernel(_SPIN, "spin")((1,), (1,), (np.int64(clock_hz * seconds),))
+
+
 def test_runs_on_a_non_default_stream_while_another_is_busy_without_device_sync():
     """A kernel spinning on stream A for ~0.5 s; forward and backward on stream B return
     (and finish) while A still runs: no device-wide synchronization on the call path."""
@@ -101,11 +109,9 @@ def test_runs_on_a_non_default_stream_while_another_is_busy_without_device_sync(
     dtype, (B, S, H, D) = "float16", (2, 256, 4, 64)
     host, (q, k, v, dout) = _inputs([(B, S, H, D)] * 4, dtype, 11)
     _fwd_bwd(q, k, v, dout, True)  # compile and load outside the measured calls
-    spin = cupy.RawKernel(_SPIN, "spin")
     busy, work = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
-    clock_hz = cupy.cuda.runtime.getDeviceProperties(0)["clockRate"] * 1000
     with busy:
-        spin((1,), (1,), (np.int64(clock_hz // 2),))
+        _spin(0.5)
         busy_done = busy.record()
     with work:
         out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)
@@ -464,8 +470,6 @@ def test_the_dq_pass_beside_dkdv_joins_the_callers_stream(precision, monkeypatch
 
     B, S, H, D = 1, 512, 4, 64
     _, (q, k, v, dout) = _inputs([(B, S, H, D)] * 4, "float32", 21)
-    spin = cupy.RawKernel(_SPIN, "spin")
-    clock_hz = cupy.cuda.runtime.getDeviceProperties(0)["clockRate"] * 1000
     grads = {}
     with cupy.cuda.Stream(non_blocking=True) as work:
         out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True, precision=precision)
@@ -474,7 +478,7 @@ def test_the_dq_pass_beside_dkdv_joins_the_callers_stream(precision, monkeypatch
             dq = cupy.empty_like(q)
             testing.poison(dq)
             with api._side_stream(q.device.id):
-                spin((1,), (1,), (np.int64(clock_hz // 5),))  # ~0.2 s ahead of the dQ pass
+                _spin(0.2)  # ahead of the dQ pass
             cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, precision=precision, dq=dq)
             grads[overlap] = dq.copy()  # queued on `work` right behind the call
         work.synchronize()
