@@ -761,9 +761,10 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         if self.kv_in_registers and self.head_dim_pad // self.d_split + 2 * self.block_m > words_limit:
             return (f"3xTF32 with K and V words spills where head_dim / d_split + 2 x block_m > {words_limit}"
                     f"{' (products one at a time through the ring)' if self.ring else ''}")
-        # ((32,64,4) "tf32" at 176-192 took 250-252 registers, no spills; at 208, 260 bytes.)
-        if self.block_m == 32 and self.head_dim_pad // self.d_split >= 208:
-            return "32-query tiles spill from 208 head-dim columns a warpgroup"
+        # ((32,64,4) "tf32" at 176-192 took 250-252 registers, no spills; at 208, 260 bytes.
+        # With the kept tiles loaded 8 chunks at a time, 192 not causal took 255 and spilled 68.)
+        if self.block_m == 32 and self.head_dim_pad // self.d_split >= 192:
+            return "32-query tiles spill from 192 head-dim columns a warpgroup"
         # One TF32 pass through the ring: (64,128,8) at 128, (32,128,8) at 160, (32,64,8) at
         # 256 took 204-240 registers, no spills; (64,64,4) at 160 spilled 24-56 bytes.
         if self.ring and self.parts == 1 and self.head_dim_pad // self.d_split + self.block_m > 192:

@@ -310,18 +310,6 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     const int wg_key0 = n0 + key_wg * 64;        // this warpgroup's first key
     const int key0 = wg_key0 + (warp % 4) * 16;  // this warp's
 
-    // K and V, once, from global memory (zeros past the last key). The fused pass loads
-    // K as zeros from the first key no query sees (causal) on too: its K^T multiplies dS,
-    // which is 0 there, and NaN or inf in such a key must not reach dQ through 0 * NaN
-    // (S^T and dP^T select; dK and dV of such a key are 0 either way).
-    const int k_rows = FUSED && CAUSAL ? min(seqlen_k, max(0, seqlen_q + causal_offset)) : seqlen_k;
-    // TF32 parts in core-matrix order, or (L::KV_IN_REGISTERS) float32 words in register A order.
-    const float* k_rows_at = k + b * k_sb + h_kv * k_sh + n0 * k_ss;
-    const float* v_rows_at = v + b * v_sb + h_kv * v_sh + n0 * v_ss;
-    constexpr bool KV_WORDS = L::KV_IN_REGISTERS;
-    kept_tile_global<KV_WORDS, PASSES, BLOCK_N, D_PAD, THREADS>(k_tile, k_rows_at, k_ss, k_rows - n0, head_dim);
-    kept_tile_global<KV_WORDS, PASSES, BLOCK_N, D_PAD, THREADS>(v_tile, v_rows_at, v_ss, seqlen_k - n0, head_dim_v);
-
     // Work items: (query head of the group, query tile), query tiles that can see a key
     // of this block only (causal: from n0 - causal_offset on). Q, dO (and lse, delta)
     // come through q_staged (stage_queries_tf32); q, dout, lse, delta stay in the launch
@@ -365,7 +353,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         const int i = 4 * item + r;
         mbarrier_wait(&barriers[i % L::RING_SLOTS], i / L::RING_SLOTS % 2);
     };
-    init_mbarriers<L::BARRIER_COUNT>(barriers);  // (a block barrier: K's tile is written)
+    init_mbarriers<L::BARRIER_COUNT>(barriers);
     if (threadIdx.x == 0) {
         if constexpr (L::RING) {
             if (n_items > 0)
@@ -379,8 +367,23 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             for (int item = 0; item < STAGES && item < n_items; ++item) fetch(item);
         }
     }
-    if constexpr (FUSED)
+
+    // K and V, once, from global memory (zeros past the last key), while the first query
+    // tiles copy. The fused pass loads K as zeros from the first key no query sees
+    // (causal) on too: its K^T multiplies dS, which is 0 there, and NaN or inf in such a
+    // key must not reach dQ through 0 * NaN (S^T and dP^T select; dK and dV of such a key
+    // are 0 either way).
+    const int k_rows = FUSED && CAUSAL ? min(seqlen_k, max(0, seqlen_q + causal_offset)) : seqlen_k;
+    // TF32 parts in core-matrix order, or (L::KV_IN_REGISTERS) float32 words in register A order.
+    const float* k_rows_at = k + b * k_sb + h_kv * k_sh + n0 * k_ss;
+    const float* v_rows_at = v + b * v_sb + h_kv * v_sh + n0 * v_ss;
+    constexpr bool KV_WORDS = L::KV_IN_REGISTERS;
+    kept_tile_global<KV_WORDS, PASSES, BLOCK_N, D_PAD, THREADS>(k_tile, k_rows_at, k_ss, k_rows - n0, head_dim);
+    kept_tile_global<KV_WORDS, PASSES, BLOCK_N, D_PAD, THREADS>(v_tile, v_rows_at, v_ss, seqlen_k - n0, head_dim_v);
+    if constexpr (FUSED) {
+        __syncthreads();  // K's tile is written
         transpose_core_tile<L::PARTS, BLOCK_N, D_PAD, THREADS>(reinterpret_cast<float*>(smem + L::kt_tile), k_tile);
+    }
 
     float acc[2][CHUNKS][CN / 8][4];  // dV, dK
 #pragma unroll

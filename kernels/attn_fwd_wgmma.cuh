@@ -136,29 +136,9 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
             fetch(tile, 1);
         }
 
-    // Q, once, zeros outside the problem. In TF32 parts: chunk i (4 columns of one row)
-    // lands at word 4i of the core-matrix tile, rows fastest within 8-row groups
-    // (wgmma.cuh). Q_IN_REGISTERS: as float32, each lane's register A operand of each
-    // k-step in one 16-byte word: [warp][k-step][lane][4], (row g, column t) at 0,
-    // (g + 8, t) at 1, (g, t + 4) at 2, (g + 8, t + 4) at 3 (wgmma.cuh's A layout).
-#pragma unroll 1
-    for (int i = threadIdx.x; i < BLOCK_M * D_PAD / 4; i += THREADS) {
-        if constexpr (L::Q_IN_REGISTERS) {
-            const int r = i / (D_PAD / 4), c = i % (D_PAD / 4) * 4;  // coalesced: a row's chunks in turn
-            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (r < seqlen_q - m0 && c < head_dim) x = *reinterpret_cast<const float4*>(q + r * q_ss + c);
-            const int at = a_word_at<K_STEPS>(r, c);  // a_words_global's order (its loop, kept as measured)
-            q_tile[at] = x.x;  // lane g * 4 + t holds column t: 4 consecutive columns, 4 lanes
-            q_tile[at + 4] = x.y;
-            q_tile[at + 8] = x.z;
-            q_tile[at + 12] = x.w;
-        } else {
-            const int r = (i / 8) % (BLOCK_M / 8) * 8 + i % 8, c = i / BLOCK_M * 4;
-            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (r < seqlen_q - m0 && c < head_dim) x = *reinterpret_cast<const float4*>(q + r * q_ss + c);
-            store_parts<PASSES>(q_tile, q_tile + Q_PART, 4 * i, x);
-        }
-    }
+    // Q, once, zeros outside the problem (while the first key tiles copy): TF32 parts in
+    // core-matrix order, or (Q_IN_REGISTERS) float32 words in register A order.
+    kept_tile_global<L::Q_IN_REGISTERS, PASSES, BLOCK_M, D_PAD, THREADS>(q_tile, q, q_ss, seqlen_q - m0, head_dim);
 
     float o_acc[O_CHUNKS][CN / 8][4];
 #pragma unroll

@@ -1,12 +1,12 @@
 // TF32 operand tiles for wgmma (wgmma.cuh's core-matrix layout), built the same way by
 // the wgmma kernels (the tiles a block keeps) and the staging launches (the tiles they
-// stream, wgmma_staging.cuh), and the two product shapes of the backward. (The forward keeps its own copy of those two loops:
-// through these helpers ptxas scheduled it differently and spilled 24 bytes in its
-// 16-warp 3xTF32 tile, so it stays as measured.) PASSES = 3: 3xTF32, every operand as
-// big and small TF32 parts, stored PART words apart; PASSES = 1: one TF32 part.
+// stream, wgmma_staging.cuh), and the two product shapes of the backward. PASSES = 3:
+// 3xTF32, every operand as big and small TF32 parts, stored PART words apart; PASSES =
+// 1: one TF32 part.
 //
+//   load_then_store    a block's chunks of global rows, loaded several at a time
 //   split_rows_global  float32 rows of global memory -> an R-row tile (the operand of
-//                      A B^T; synchronous loads)
+//                      A B^T)
 //   (transposed tiles, R rows becoming the k dimension in the order a register A operand
 //    takes them, come from the staging launches: wgmma_staging.cuh, stage_operand)
 //   zero_transposed_rows  rows from some index on of a transposed tile, zeroed
@@ -44,19 +44,45 @@ __device__ __forceinline__ void store_parts(float* big, float* small, int at, fl
         *reinterpret_cast<uint4*>(small + at) = make_uint4(w.small[0], w.small[1], w.small[2], w.small[3]);
 }
 
+// Chunks i = threadIdx.x, + THREADS, ... < TOTAL: x = load(i), then store(i, x), with
+// BATCH loads issued before the first store. The tiles a block keeps are read from
+// global memory before its main loop, one block an SM, where nothing hides a load's
+// latency: one load in flight at a time (a loop that stores each chunk before loading
+// the next) cost a round trip per chunk, 16-32 of them a block.
+template <int TOTAL, int THREADS, int BATCH = 8, typename Load, typename Store>
+__device__ __forceinline__ void load_then_store(Load load, Store store) {
+#pragma unroll 1
+    for (int first = threadIdx.x; first < TOTAL; first += BATCH * THREADS) {
+        float4 x[BATCH];
+#pragma unroll
+        for (int j = 0; j < BATCH; ++j) {
+            const int i = first + j * THREADS;
+            x[j] = i < TOTAL ? load(i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int j = 0; j < BATCH; ++j)
+            if (first + j * THREADS < TOTAL) store(first + j * THREADS, x[j]);
+    }
+}
+
+// Row r, columns c..c+3 of global rows (row stride `stride` floats, 16-byte aligned),
+// zeros from row valid_rows and column valid_cols on.
+__device__ __forceinline__ float4 load_chunk(const float* src, long long stride, int r, int c, int valid_rows,
+                                             int valid_cols) {
+    return r < valid_rows && c < valid_cols ? *reinterpret_cast<const float4*>(src + r * stride + c)
+                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
 // The R x D_PAD tile (parts PART words apart) from global rows (row stride `stride`
 // floats, 16-byte aligned), zeros from row valid_rows and column valid_cols on.
 // Chunk i (4 columns of one row) lands at word 4i, rows fastest within 8-row groups.
 template <int PASSES, int R, int D_PAD, int THREADS>
 __device__ __forceinline__ void split_rows_global(float* tile, int part, const float* src, long long stride,
                                                   int valid_rows, int valid_cols) {
-#pragma unroll 1
-    for (int i = threadIdx.x; i < R * D_PAD / 4; i += THREADS) {
-        const int r = (i / 8) % (R / 8) * 8 + i % 8, c = i / R * 4;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < valid_rows && c < valid_cols) x = *reinterpret_cast<const float4*>(src + r * stride + c);
-        store_parts<PASSES>(tile, tile + part, 4 * i, x);
-    }
+    auto row = [](int i) { return (i / 8) % (R / 8) * 8 + i % 8; };
+    load_then_store<R * D_PAD / 4, THREADS>(
+        [&](int i) { return load_chunk(src, stride, row(i), i / R * 4, valid_rows, valid_cols); },
+        [&](int i, float4 x) { store_parts<PASSES>(tile, tile + part, 4 * i, x); });
 }
 
 // Zero rows [from, R) of the R rows that a transposed tile (PARTS parts, stage_operand's
@@ -99,18 +125,16 @@ __device__ __forceinline__ int a_word_at(int r, int c) {  // row r, columns c..c
 template <int R, int D_PAD, int THREADS>
 __device__ __forceinline__ void a_words_global(float* tile, const float* src, long long stride, int valid_rows,
                                                int valid_cols) {
-    constexpr int K_STEPS = D_PAD / 8;
-#pragma unroll 1
-    for (int i = threadIdx.x; i < R * D_PAD / 4; i += THREADS) {
-        const int r = i / (D_PAD / 4), c = i % (D_PAD / 4) * 4;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < valid_rows && c < valid_cols) x = *reinterpret_cast<const float4*>(src + r * stride + c);
-        const int at = a_word_at<K_STEPS>(r, c);
-        tile[at] = x.x;  // lane g * 4 + t holds column t: 4 consecutive columns, 4 lanes
-        tile[at + 4] = x.y;
-        tile[at + 8] = x.z;
-        tile[at + 12] = x.w;
-    }
+    constexpr int K_STEPS = D_PAD / 8, CHUNKS = D_PAD / 4;  // chunks a row
+    load_then_store<R * CHUNKS, THREADS>(
+        [&](int i) { return load_chunk(src, stride, i / CHUNKS, i % CHUNKS * 4, valid_rows, valid_cols); },
+        [&](int i, float4 x) {
+            const int at = a_word_at<K_STEPS>(i / CHUNKS, i % CHUNKS * 4);
+            tile[at] = x.x;  // lane g * 4 + t holds column t: 4 consecutive columns, 4 lanes
+            tile[at + 4] = x.y;
+            tile[at + 8] = x.z;
+            tile[at + 12] = x.w;
+        });
 }
 
 // R global rows as the tile a block keeps for its whole life: float32 words in register
