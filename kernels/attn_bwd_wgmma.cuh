@@ -283,6 +283,11 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     constexpr int CN = chunk_columns<PASSES, D_WG>();
     constexpr int CHUNKS = D_WG / CN;
     constexpr int KG = PASSES == 3 && M_BLOCKS > 4 ? 4 : M_BLOCKS;
+    // 3xTF32 score products 16 queries wide: 4 k-steps in flight (rows_by_rows' DEPTH), a
+    // wgmma n16 being too short to cover the next one's latency two deep, where a
+    // warpgroup keeps at most 128 of dK's and dV's columns (NVRTC 13.5: +14-26 registers,
+    // to 195-237; at 160 columns (16,128,8) spilled 20-88 bytes at 3 and 4).
+    constexpr int SCORE_DEPTH = PASSES == 3 && BLOCK_M == 16 && D_WG <= 128 ? 4 : 2;
     static_assert(NUM_WARPS % 4 == 0 && BLOCK_N % 64 == 0 && BLOCK_N * D_SPLIT == 16 * NUM_WARPS &&
                   (D_SPLIT == 1 || D_SPLIT == 2), "each warpgroup owns 64 keys, one or two share them");
     static_assert(D_WG % 16 == 0 && (!FUSED || D_SPLIT == 1), "a warpgroup's columns");
@@ -457,7 +462,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             } else {
                 mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
             }
-            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(
+            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH>(
                 own, product, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             swap_pair_products(sdp, own, swap, product, warp % 4, lane);
             if constexpr (L::RING || L::SPLIT_STAGE)
@@ -471,10 +476,10 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             }
         } else if constexpr (L::RING) {
             ring_wait(item, 0);
-            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(
+            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH>(
                 sdp[1], 1, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             ring_wait(item, 1);
-            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(
+            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH>(
                 sdp[0], 0, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             __syncthreads();  // every warpgroup is done with dO and Q
             if (threadIdx.x == 0) {
@@ -486,10 +491,11 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         } else {
             mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
             if constexpr (L::KV_IN_REGISTERS)
-                words_by_rows<2, BLOCK_M, K_STEPS, BLOCK_M>(sdp, {k_words, v_words}, {q_addr, do_addr}, Q_PART * 4);
+                words_by_rows<2, BLOCK_M, K_STEPS, BLOCK_M, SCORE_DEPTH>(sdp, {k_words, v_words}, {q_addr, do_addr},
+                                                                        Q_PART * 4);
             else
-                rows_by_rows<PASSES, 2, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M>(sdp, {k_addr, v_addr}, KV_PART * 4,
-                                                                            {q_addr, do_addr}, Q_PART * 4);
+                rows_by_rows<PASSES, 2, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, false, SCORE_DEPTH>(
+                    sdp, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
         }
         if constexpr (L::SPLIT_STAGE) {
             if constexpr (D_SPLIT == 1) __syncthreads();  // every warpgroup is done with Q and dO
@@ -620,6 +626,9 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     constexpr int CN = chunk_columns<PASSES, D_WG>();
     constexpr int CHUNKS = D_WG / CN;
     constexpr int KG = PASSES == 3 && N_BLOCKS > 4 ? 4 : N_BLOCKS;
+    // As dK/dV's; at 144-160 of dQ's columns a warpgroup, 3 (4 took 248-255 registers);
+    // above, 2 ((64,16,4) at 240-256 spilled 108-252 bytes at 3).
+    constexpr int SCORE_DEPTH = PASSES == 3 && BLOCK_N == 16 ? (D_WG <= 128 ? 4 : D_WG <= 160 ? 3 : 2) : 2;
     static_assert(NUM_WARPS % 4 == 0 && BLOCK_M * D_SPLIT == 16 * NUM_WARPS && (D_SPLIT == 1 || BLOCK_M == 64),
                   "each warpgroup owns 64 query rows, or a pair (the only one of its block) shares them");
     static_assert(D_WG % 16 == 0, "a warpgroup's columns");
@@ -731,7 +740,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 // these reads before the copies that refill the tiles.
                 const int product = wg % 2;  // 0: S, 1: dP
                 float own[N_BLOCKS][4];
-                one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(
+                one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N, SCORE_DEPTH>(
                     own, product, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
                 float4* const swap[2] = {reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES),
                                          reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES + L::TILE_N)};
@@ -745,10 +754,11 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                         sdp[product], product, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr},
                         KV_PART * 4);
             } else if constexpr (L::Q_IN_REGISTERS)
-                words_by_rows<2, BLOCK_N, K_STEPS, BLOCK_N>(sdp, {q_words, do_words}, {k_addr, v_addr}, KV_PART * 4);
+                words_by_rows<2, BLOCK_N, K_STEPS, BLOCK_N, SCORE_DEPTH>(sdp, {q_words, do_words}, {k_addr, v_addr},
+                                                                        KV_PART * 4);
             else
-                rows_by_rows<PASSES, 2, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(sdp, {q_addr, do_addr}, Q_PART * 4,
-                                                                            {k_addr, v_addr}, KV_PART * 4);
+                rows_by_rows<PASSES, 2, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N, false, SCORE_DEPTH>(
+                    sdp, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
         };
         if constexpr (L::SPLIT_STAGE) {
             if (!idle) scores();

@@ -173,18 +173,28 @@ __device__ __forceinline__ void add_acc(float (&d)[NB][4], const float (&x)[NB][
 // for, so that a caller issues more before one wait (and pins d itself, fence_operand).
 // The tensor cores truncate their float32 sums, so long chains of them bias results
 // toward zero (mma.cuh): 3xTF32 sums each k-step in a fresh accumulator and adds it to
-// d with a rounded add (two accumulators alternate, so the next k-step runs during the
-// add). One TF32 pass accumulates straight into d.
-template <int PASSES, int NP, int N, int K_STEPS, int A_ROWS, int B_ROWS, bool ISSUE_ONLY = false>
+// d with a rounded add, in k order. DEPTH accumulators rotate, so that DEPTH - 1 k-steps
+// run while one is added (2 by default; more keep more short wgmmas in flight where a
+// product is narrow, the same adds in the same order: the same bits). One TF32 pass
+// accumulates straight into d.
+template <int PASSES, int NP, int N, int K_STEPS, int A_ROWS, int B_ROWS, bool ISSUE_ONLY = false, int DEPTH = 2>
 __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const unsigned (&a_addr)[NP], unsigned a_part,
                                              const unsigned (&b_addr)[NP], unsigned b_part) {
     using Wg = WgmmaTf32<N>;
     constexpr unsigned A_STEP = 2 * (A_ROWS / 8) * 128, B_STEP = 2 * (B_ROWS / 8) * 128;  // bytes per k-step
     static_assert(!ISSUE_ONLY || PASSES == 1, "3xTF32 waits between its k-steps");
+    static_assert(DEPTH >= 2 && DEPTH <= 4, "k-steps in flight");
     if constexpr (PASSES == 3) {
 #pragma unroll
         for (int p = 0; p < NP; ++p) zero_acc(d[p]);
-        float step[2][NP][N / 8][4];
+        float step[DEPTH][NP][N / 8][4];
+        auto add_step = [&](int done) {  // k-step `done`'s products, landed, into d
+#pragma unroll
+            for (int p = 0; p < NP; ++p) {
+                fence_operand(step[done % DEPTH][p]);
+                add_acc(d[p], step[done % DEPTH][p]);
+            }
+        };
 #pragma unroll
         for (int ks = 0; ks < K_STEPS; ++ks) {
             wgmma_fence();
@@ -194,26 +204,19 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
                 const auto a_small = wgmma_desc<A_ROWS>(a_addr[p], ks * A_STEP + a_part);
                 const auto b_big = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP);
                 const auto b_small = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP + b_part);
-                Wg::template ss<false>(step[ks % 2][p], a_small, b_big);
-                Wg::template ss<true>(step[ks % 2][p], a_big, b_small);
-                Wg::template ss<true>(step[ks % 2][p], a_big, b_big);
+                Wg::template ss<false>(step[ks % DEPTH][p], a_small, b_big);
+                Wg::template ss<true>(step[ks % DEPTH][p], a_big, b_small);
+                Wg::template ss<true>(step[ks % DEPTH][p], a_big, b_big);
             }
             wgmma_commit();
-            if (ks > 0) {
-                wgmma_wait<1>();
-#pragma unroll
-                for (int p = 0; p < NP; ++p) {
-                    fence_operand(step[(ks + 1) % 2][p]);
-                    add_acc(d[p], step[(ks + 1) % 2][p]);
-                }
+            if (ks >= DEPTH - 1) {
+                wgmma_wait<DEPTH - 1>();
+                add_step(ks - (DEPTH - 1));
             }
         }
         wgmma_wait<0>();
 #pragma unroll
-        for (int p = 0; p < NP; ++p) {
-            fence_operand(step[(K_STEPS - 1) % 2][p]);
-            add_acc(d[p], step[(K_STEPS - 1) % 2][p]);
-        }
+        for (int done = K_STEPS > DEPTH - 1 ? K_STEPS - (DEPTH - 1) : 0; done < K_STEPS; ++done) add_step(done);
     } else {
         wgmma_fence();
 #pragma unroll
@@ -240,30 +243,40 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 // rows_by_rows in 3xTF32 with each A_p from this warp's words of a_words_global's
 // tile (a_words[p]: this lane's word of k-step 0; k-step ks at a_words[p][ks * 32]),
 // split into TF32 parts per k-step in registers as store_parts splits them, so the
-// products, their order and the adds are rows_by_rows's. Two sets of split words
-// alternate, as the accumulators, and each k-step's words are read from shared memory
+// products, their order and the adds are rows_by_rows's. DEPTH sets of split words
+// rotate, as the accumulators, and each k-step's words are read from shared memory
 // one k-step ahead, before the wait for the last products: the wait's memory clobber
 // keeps a load after it, where the split would stall on its latency.
-template <int NP, int N, int K_STEPS, int B_ROWS>
+template <int NP, int N, int K_STEPS, int B_ROWS, int DEPTH = 2>
 __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const float4* const (&a_words)[NP],
                                               const unsigned (&b_addr)[NP], unsigned b_part) {
     using Wg = WgmmaTf32<N>;
     constexpr unsigned B_STEP = 2 * (B_ROWS / 8) * 128;  // bytes per k-step
+    static_assert(DEPTH >= 2 && DEPTH <= 4, "k-steps in flight");
 #pragma unroll
     for (int p = 0; p < NP; ++p) zero_acc(d[p]);
-    float step[2][NP][N / 8][4];
-    Tf32Words<3, 4> a[2][NP];
+    float step[DEPTH][NP][N / 8][4];
+    Tf32Words<3, 4> a[DEPTH][NP];  // a k-step's A words stay until its products land
     float4 words[NP];  // the next k-step's
+    auto add_step = [&](int done) {  // k-step `done`'s products, landed, into d
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+            fence_operand(step[done % DEPTH][p]);
+            fence_operand(a[done % DEPTH][p].big);  // its A words, read by now
+            fence_operand(a[done % DEPTH][p].small);
+            add_acc(d[p], step[done % DEPTH][p]);
+        }
+    };
 #pragma unroll
     for (int p = 0; p < NP; ++p) words[p] = a_words[p][0];
 #pragma unroll
     for (int ks = 0; ks < K_STEPS; ++ks) {
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
-            a[ks % 2][p].set(0, words[p].x);
-            a[ks % 2][p].set(1, words[p].y);
-            a[ks % 2][p].set(2, words[p].z);
-            a[ks % 2][p].set(3, words[p].w);
+            a[ks % DEPTH][p].set(0, words[p].x);
+            a[ks % DEPTH][p].set(1, words[p].y);
+            a[ks % DEPTH][p].set(2, words[p].z);
+            a[ks % DEPTH][p].set(3, words[p].w);
             if (ks + 1 < K_STEPS) words[p] = a_words[p][(ks + 1) * 32];
         }
         wgmma_fence();
@@ -271,30 +284,19 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
         for (int p = 0; p < NP; ++p) {
             const auto b_big = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP);
             const auto b_small = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP + b_part);
-            Wg::template rs<false>(step[ks % 2][p], a[ks % 2][p].small, b_big);
-            Wg::template rs<true>(step[ks % 2][p], a[ks % 2][p].big, b_small);
-            Wg::template rs<true>(step[ks % 2][p], a[ks % 2][p].big, b_big);
+            Wg::template rs<false>(step[ks % DEPTH][p], a[ks % DEPTH][p].small, b_big);
+            Wg::template rs<true>(step[ks % DEPTH][p], a[ks % DEPTH][p].big, b_small);
+            Wg::template rs<true>(step[ks % DEPTH][p], a[ks % DEPTH][p].big, b_big);
         }
         wgmma_commit();
-        if (ks > 0) {
-            wgmma_wait<1>();
-#pragma unroll
-            for (int p = 0; p < NP; ++p) {
-                fence_operand(step[(ks + 1) % 2][p]);
-                fence_operand(a[(ks + 1) % 2][p].big);  // the last k-step's A words, read by now
-                fence_operand(a[(ks + 1) % 2][p].small);
-                add_acc(d[p], step[(ks + 1) % 2][p]);
-            }
+        if (ks >= DEPTH - 1) {
+            wgmma_wait<DEPTH - 1>();
+            add_step(ks - (DEPTH - 1));
         }
     }
     wgmma_wait<0>();
 #pragma unroll
-    for (int p = 0; p < NP; ++p) {
-        fence_operand(step[(K_STEPS - 1) % 2][p]);
-        fence_operand(a[(K_STEPS - 1) % 2][p].big);
-        fence_operand(a[(K_STEPS - 1) % 2][p].small);
-        add_acc(d[p], step[(K_STEPS - 1) % 2][p]);
-    }
+    for (int done = K_STEPS > DEPTH - 1 ? K_STEPS - (DEPTH - 1) : 0; done < K_STEPS; ++done) add_step(done);
 }
 
 // x as an array of one (a product of NP = 1 out of an array of NP = 2).
@@ -306,16 +308,16 @@ __device__ __forceinline__ T (&just_one(T& x))[1] {
 // d = product `which` of two of the same shape, as words_by_rows (WORDS: A from kept
 // float32 words) or rows_by_rows (A from TF32 parts at a_addr) compute it among NP = 2:
 // a d_split pair's share, each warpgroup one product, in the same order.
-template <int PASSES, bool WORDS, int N, int K_STEPS, int A_ROWS, int B_ROWS>
+template <int PASSES, bool WORDS, int N, int K_STEPS, int A_ROWS, int B_ROWS, int DEPTH = 2>
 __device__ __forceinline__ void one_of_two_products(float (&d)[N / 8][4], int which, const float4* const (&a_words)[2],
                                                     const unsigned (&a_addr)[2], unsigned a_part,
                                                     const unsigned (&b_addr)[2], unsigned b_part) {
     if constexpr (WORDS)
-        words_by_rows<1, N, K_STEPS, B_ROWS>(just_one(d), {which == 0 ? a_words[0] : a_words[1]},
-                                             {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
+        words_by_rows<1, N, K_STEPS, B_ROWS, DEPTH>(just_one(d), {which == 0 ? a_words[0] : a_words[1]},
+                                                    {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
     else
-        rows_by_rows<PASSES, 1, N, K_STEPS, A_ROWS, B_ROWS>(just_one(d), {which == 0 ? a_addr[0] : a_addr[1]}, a_part,
-                                                            {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
+        rows_by_rows<PASSES, 1, N, K_STEPS, A_ROWS, B_ROWS, false, DEPTH>(
+            just_one(d), {which == 0 ? a_addr[0] : a_addr[1]}, a_part, {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
 }
 
 // A pair of warpgroups that split two products of the same shape (d_split tiles: one
