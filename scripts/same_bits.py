@@ -10,7 +10,10 @@ The other tree is made as for scripts/ab_trees.py:
     PYTHONPATH=. python scripts/same_bits.py --before ab_before [--after .]
 
 Cases: float32 "fp32" at head dims 64, 128, 200, 256 and "tf32" at 64, 128, 256, causal and
-not, B=2, H=4, Sq=1000, Sk=1100 (deterministic backward). Prints each array that
+not, B=2, H=8, Sq=1000, Sk=1100 (deterministic backward); head dim 64 at Sq=2100, Sk=2200.
+On the H200 every case plans the wgmma kernels, forward, dK/dV and dQ (the backward takes
+them from 1024 streamed rows below padded head dim 128, plan.wgmma_backward_min_rows, and
+with fewer blocks than SMs the planner picked smaller mma.sync tiles at H=4). Prints each array that
 differs, then `bitwise: N same, M differ`; exits 1 if any differs.
 """
 
@@ -25,6 +28,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [(d, causal, "fp32") for d in (64, 128, 200, 256) for causal in (False, True)]
 CASES += [(d, causal, "tf32") for d in (64, 128, 256) for causal in (False, True)]
+B, H = 2, 8
+
+
+def lengths(head_dim: int) -> tuple:
+    """(seqlen_q, seqlen_k) of a case: long enough that the backward takes the wgmma tiles."""
+    return (2100, 2200) if head_dim < 128 else (1000, 1100)
 
 
 def _worker(tree: str, out: str):
@@ -35,8 +44,8 @@ def _worker(tree: str, out: str):
     import cupyattn
 
     results = {}
-    B, H, Sq, Sk = 2, 4, 1000, 1100
     for d, causal, precision in CASES:
+        Sq, Sk = lengths(d)
         rng = cupy.random.default_rng(1)
         q = rng.standard_normal((B, Sq, H, d), dtype=cupy.float32)
         k = rng.standard_normal((B, Sk, H, d), dtype=cupy.float32)

@@ -7,7 +7,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from same_bits import build_parser, differing, worker_command  # noqa: E402
+from same_bits import B, CASES, H, build_parser, differing, lengths, worker_command  # noqa: E402
 
 
 def test_identical_arrays_are_the_same_nan_included():
@@ -49,3 +49,18 @@ def test_the_comparison_without_before_is_a_usage_error(monkeypatch, capsys):
         same_bits.main()
     assert exit_info.value.code == 2
     assert "--before" in capsys.readouterr().err
+
+
+def test_every_case_runs_the_wgmma_kernels_on_the_h200():
+    # The comparison is for kernel changes, and the changes of late are in the wgmma
+    # kernels: at H=4 and Sq=1000 the planner gave head dim 64's backward and some
+    # forwards / dQ passes to mma.sync, which such a change never reaches.
+    from cupyattn.device import named_device
+    from cupyattn.plan import AttentionProblem, plan_backward, plan_forward
+
+    h200 = named_device("h200")
+    for d, causal, precision in CASES:
+        problem = AttentionProblem("float32", d, d, causal, B, H, H, *lengths(d), precision=(precision,))
+        backward = plan_backward(problem, h200)
+        kernels = [plan_forward(problem, h200).config, backward.dkdv.config, backward.dq.config]
+        assert all("Wgmma" in type(c).__name__ for c in kernels), (d, causal, precision, kernels)
