@@ -1230,6 +1230,17 @@ FWD_WGMMA_FIRST = {
 # 15.63 < (64,16,4) 17.25; D=128 (64,32,4) 46.29 ~ (64,16,4) 46.46; with Q and dO as float32
 # words (thirteenth session) D=128 (128,32,8) 35.51 < (128,16,8) 36.77 < (64,32,4) 41.21 <
 # (64,16,4) 43.37, and D=256 (64,16,4) 300.01 (the only tile that fits).
+# dQ (64,32,4) before the pair (64,32,8), (64,16,8): one warpgroup and 32-key tiles
+# where the wider tiles do not fit ("tf32" from head dim 184, "fp32" 88-112 and 168-176;
+# nineteenth session, `tune_tiles.py --dtype float32 --precision tf32|fp32 [--causal]
+# --families dq_wgmma --tiles 64x32x8,64x32x4[,64x16x8]`, whole backward ms, not causal /
+# causal, (64,32,4) against the pair planned before): "tf32" D=192 24.40 / 14.41 against
+# 25.35 / 14.88, D=224 27.85 / 16.13 against 28.96 / 17.01, D=256 26.25 / 15.35 against
+# 26.98 / 15.78; "fp32" D=96 28.43 / 15.72 against 30.38 / 16.88, D=112 34.34 / 18.94
+# against 36.32 / 20.01, D=176 47.00 / 25.40 against (64,16,8) 53.27 / 29.37. (Head dims
+# 184, 208 and 240 and "fp32" 88 / 104 / 168 follow their neighbours, unmeasured. "fp32" from
+# 192 (64,32,4) does not fit; (64,16,4) against (64,16,8) 69.16 / 37.50 against 69.50 /
+# 37.12 at 256, 52.66 / 28.66 against 53.43 / 28.90 at 192: kept as listed.)
 # (16,64,8) and (32,64,8), d_split 2 (compiled for sm_90a without spills at every head
 # dim 32-256 a multiple of 32 where they fit, causal and not, 64-219 registers): the
 # only wgmma dK/dV tiles from head dim 208. Timed (eleventh session, whole backward
@@ -1279,10 +1290,10 @@ BWD_DQ_WGMMA_TILES = (
     (192, 32, 12),
     (128, 16, 8),
     (128, 64, 8),
+    (64, 32, 4),  # before the pairs below (measured: see above)
     (64, 32, 8),  # d_split 2: two warpgroups share 64 query rows
     (64, 16, 8),
     (64, 16, 4),
-    (64, 32, 4),
     (64, 64, 4),
 )
 
