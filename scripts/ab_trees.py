@@ -15,8 +15,11 @@ Each case is dtype or float32 precision : head dim; B=4, H=16 as the other bench
 Inputs and timing come from each tree's own cupyattn.testing (device_values, median_ms:
 any revision from 2026-12-02 on).
 Each tree runs in its own process (CuPy's kernel cache keys on the kernels' hash, so the
-trees' kernels do not mix). Prints one table: median ms of each tree's rounds, and the
-change after / before.
+trees' kernels do not mix). Before the first round every (tree, case, causal) runs once
+in its own process, --warm-jobs at a time, so that the kernels compile in parallel
+rather than one at a time in the first round's two processes (device time is what a
+session is short of). Prints one table: median ms of each tree's rounds, and the change
+after / before.
 """
 
 import argparse
@@ -24,6 +27,7 @@ import json
 import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +60,21 @@ def _worker(tree, cases, seqlens, causals, passes, repeats):
                 print(json.dumps(row), flush=True)
 
 
-def main():
+def worker_command(tree: str, args, cases: str, causal: str, repeats: int) -> list:
+    """The command line of one worker: ``tree``'s cupyattn timing ``cases`` (comma-separated)."""
+    return [sys.executable, __file__, "--worker", tree, "--before", args.before, "--cases", cases,
+            "--seqlens", args.seqlens, "--causal", causal, "--pass", args.passes, "--repeats", str(repeats)]
+
+
+def warm_commands(args) -> list:
+    """(tree, command) of each warm-up worker: every tree, case and causality once, one
+    repeat, so that each process compiles a few kernels."""
+    causals = ["no", "yes"] if args.causal == "both" else [args.causal]
+    return [(tree, worker_command(tree, args, case, causal, 1))
+            for tree in (args.before, args.after) for case in args.cases.split(",") for causal in causals]
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", required=True, help="directory holding the earlier tree's cupyattn/ and kernels/")
     parser.add_argument("--after", default=str(ROOT), help="the tree to compare (default: this checkout)")
@@ -66,7 +84,14 @@ def main():
     parser.add_argument("--pass", dest="passes", default="fwd,bwd")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warm-jobs", type=int, default=8,
+                        help="warm-up processes at a time before the first round (0: no warm-up)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def main():
+    parser = build_parser()
     args = parser.parse_args()
     cases = args.cases.split(",")
     seqlens = [int(s) for s in args.seqlens.split(",")]
@@ -77,12 +102,14 @@ def main():
     for tree in (args.before, args.after):
         if not (Path(tree) / "cupyattn" / "__init__.py").is_file():
             parser.error(f"--before / --after: expected a directory with cupyattn/ and kernels/, got {tree!r}")
+    if args.warm_jobs > 0:
+        with ThreadPoolExecutor(args.warm_jobs) as pool:
+            list(pool.map(lambda job: subprocess.run(job[1], check=True, capture_output=True, cwd=job[0]),
+                          warm_commands(args)))
     results = {}  # (tree, case, S, causal, pass) -> [ms per round]
     for _ in range(args.rounds):
         for name, tree in (("before", args.before), ("after", args.after)):
-            cmd = [sys.executable, __file__, "--worker", tree, "--before", args.before, "--cases", args.cases,
-                   "--seqlens", args.seqlens, "--causal", args.causal, "--pass", args.passes,
-                   "--repeats", str(args.repeats)]
+            cmd = worker_command(tree, args, args.cases, args.causal, args.repeats)
             lines = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tree).stdout
             for line in lines.splitlines():
                 row = json.loads(line)
