@@ -740,12 +740,13 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         # session, scripts/rule_audit.py --admitted --causal yes.)
         if self.head_dim_pad // self.d_split >= 208:
             return "dK and dV (head_dim / 2 / d_split accumulators a lane each) spill from head dim 208 a warpgroup"
-        # (One TF32 pass, 16-query tiles: (16,256,16) at 64-80 took 112-126 registers, no
-        # spills; at 96, 288 bytes. (32,256,16) at 64 spilled 36.)
+        # (One TF32 pass, 16-query tiles: (16,256,16) at 64 took 112-126 registers, no
+        # spills; at 96, 288 bytes; at 80 causal, with the kept tiles loaded 8 chunks at a
+        # time, 108-232. (32,256,16) at 64 spilled 36.)
         if self.num_warps == 16 and (self.precision == "fp32"
-                                     or self.head_dim_pad >= (96 if self.block_m == 16 else 64)):
+                                     or self.head_dim_pad >= (80 if self.block_m == 16 else 64)):
             return ("16 warps leave 128 registers a lane: spills in 3xTF32, and from head dim 64 "
-                    "(16-query tiles: 96)")
+                    "(16-query tiles: 80)")
         if self.num_warps == 12 and self.head_dim_pad >= (32 if self.precision == "fp32" else 112):
             return "12 warps leave 168 registers a lane: spills in 3xTF32 from head dim 32, else from 112"
         # (Through the ring, one product at a time: (64,128,8) at 64 took 234-238 registers.
@@ -765,6 +766,11 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         # With the kept tiles loaded 8 chunks at a time, 192 not causal took 255 and spilled 68.)
         if self.block_m == 32 and self.head_dim_pad // self.d_split >= 192:
             return "32-query tiles spill from 192 head-dim columns a warpgroup"
+        # One TF32 pass, 64-query tiles, both products at once: (64,64,4) at 144 not causal
+        # spilled 20-44 bytes with the kept tiles loaded 8 chunks at a time (255 registers
+        # before; rule_audit.py --admitted, nineteenth session).
+        if self.parts == 1 and self.block_m == 64 and not self.ring and self.head_dim_pad // self.d_split >= 144:
+            return "one TF32 pass with 64-query tiles spills from head dim 144 (unless through the ring)"
         # One TF32 pass through the ring: (64,128,8) at 128, (32,128,8) at 160, (32,64,8) at
         # 256 took 204-240 registers, no spills; (64,64,4) at 160 spilled 24-56 bytes.
         if self.ring and self.parts == 1 and self.head_dim_pad // self.d_split + self.block_m > 192:

@@ -286,8 +286,10 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // 3xTF32 score products 16 queries wide: 4 k-steps in flight (rows_by_rows' DEPTH), a
     // wgmma n16 being too short to cover the next one's latency two deep, where a
     // warpgroup keeps at most 128 of dK's and dV's columns (NVRTC 13.5: +14-26 registers,
-    // to 195-237; at 160 columns (16,128,8) spilled 20-88 bytes at 3 and 4).
-    constexpr int SCORE_DEPTH = PASSES == 3 && BLOCK_M == 16 && D_WG <= 128 ? 4 : 2;
+    // to 195-237; at 160 columns (16,128,8) spilled 20-88 bytes at 3 and 4), fewer than
+    // 128 without a pair ((16,128,8) and (16,64,4) at 128, K and V as words, spilled
+    // 528-984 bytes at 4; neither is planned: rule_audit.py --admitted, nineteenth session).
+    constexpr int SCORE_DEPTH = PASSES == 3 && BLOCK_M == 16 && (D_SPLIT == 2 ? D_WG <= 128 : D_WG < 128) ? 4 : 2;
     static_assert(NUM_WARPS % 4 == 0 && BLOCK_N % 64 == 0 && BLOCK_N * D_SPLIT == 16 * NUM_WARPS &&
                   (D_SPLIT == 1 || D_SPLIT == 2), "each warpgroup owns 64 keys, one or two share them");
     static_assert(D_WG % 16 == 0 && (!FUSED || D_SPLIT == 1), "a warpgroup's columns");

@@ -600,6 +600,13 @@ def test_wgmma_backward_layouts_and_register_rules():
     assert BwdDkdvWgmmaConfig("float32", "tf32", 192, 32, 64, 4, False).register_reason((9, 0))
     assert BwdDkdvWgmmaConfig("float32", "tf32", 176, 32, 64, 4, False).register_reason((9, 0)) is None
     assert BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 192, 12, False).register_reason((9, 0)) is None
+    # Admitted tiles that spilled once the kept tiles were loaded 8 chunks at a time
+    # (rule_audit.py --admitted, nineteenth session): "tf32" (16,256,16) at 80 causal and
+    # (64,64,4) at 144 (both products at once); their neighbours still compile clean.
+    assert BwdDkdvWgmmaConfig("float32", "tf32", 80, 16, 256, 16, True).register_reason((9, 0))
+    assert BwdDkdvWgmmaConfig("float32", "tf32", 64, 16, 256, 16, True).register_reason((9, 0)) is None
+    assert "64-query" in BwdDkdvWgmmaConfig("float32", "tf32", 144, 64, 64, 4, False).register_reason((9, 0))
+    assert BwdDkdvWgmmaConfig("float32", "tf32", 128, 64, 64, 4, False).register_reason((9, 0)) is None
     # Causal instances that spilled though the rules let them through (rule_audit.py
     # --admitted --causal yes, eighteenth session): "tf32" (16,64,4) at 208, 8 bytes;
     # "fp32" 64-query tiles at 48, both products at once, 28 bytes.
