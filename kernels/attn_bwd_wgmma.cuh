@@ -344,9 +344,11 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     auto fetch = [&](int item) { copy(item, 0, L::STAGE_BYTES, &barriers[item % STAGES]); };
     // L::RING: an item's tiles r = 0..3 (dO, Q, dO^T with lse and delta, Q^T) are the ring's
     // tiles 4 item + r, tile i in slot i % 3 on that slot's barrier (phase i / 3). Tile i
-    // is fetched once tile i - 3 is used: dO^T and Q when an item begins (the last item's
-    // dK done), Q^T and the next item's dO once S^T and dP^T are. dP^T (dO) goes first, so
-    // that Q lands while it runs; dV (dO^T) before dK, so that Q^T lands while it runs.
+    // is fetched once tile i - 3 is used: dO^T when an item begins (the last item's dK
+    // done), Q^T and the next item's dO once S^T and dP^T are, the next item's Q once dV
+    // is (so that it lands while dK runs: the pair's S^T waits for it first thing). dP^T
+    // (dO) goes first, so that Q lands while it runs; dV (dO^T) before dK, so that Q^T
+    // lands while it runs.
     auto ring_slot = [&](int i) { return q_tiles + i % L::RING_SLOTS * L::RING_SLOT; };
     auto ring_fetch = [&](int item, int r) {
         constexpr int TILE_M = L::TILE_M;
@@ -412,10 +414,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             // half) and its dS.
             __syncthreads();
             if constexpr (L::RING) {
-                if (threadIdx.x == 0) {
-                    ring_fetch(item, 1);
-                    ring_fetch(item, 2);
-                }
+                if (threadIdx.x == 0) ring_fetch(item, 2);
             } else if constexpr (L::SPLIT_STAGE) {
                 if (threadIdx.x == 0) fetch_transposed(item);
             } else {
@@ -526,6 +525,13 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         if constexpr (L::RING) {
             regs_by_transposed<PASSES, 1, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(just_one(acc[0]), just_one(a[0]), {dot_addr},
                                                                          Q_PART * 4);
+            // Every warpgroup that adds is done with dO^T (the idle ones, which skip dV and
+            // dK, are the last: their keys come after the others'), so the next item's Q
+            // may take its slot.
+            const int last_key = min(seqlen_k - 1, CAUSAL ? m0 + BLOCK_M - 1 + causal_offset : seqlen_k - 1);
+            const int adding_key_wgs = min(BLOCK_N / 64, max(0, last_key - n0) / 64 + 1);
+            leading_threads_barrier(5, adding_key_wgs * D_SPLIT * 128);
+            if (threadIdx.x == 0 && item + 1 < n_items) ring_fetch(item + 1, 1);
             ring_wait(item, 3);
             regs_by_transposed<PASSES, 1, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(just_one(acc[1]), just_one(a[1]), {qt_addr},
                                                                          Q_PART * 4);

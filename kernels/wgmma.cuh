@@ -56,6 +56,11 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // The 128 threads of warpgroup `wg` wait for each other (named barrier wg + 1; 0 is
 // __syncthreads').
 __device__ __forceinline__ void warpgroup_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory"); }
+// The first `threads` threads of the block (whole warps) wait for each other on named
+// barrier `id` (past warpgroup_barrier's 1-4); the others do not take part.
+__device__ __forceinline__ void leading_threads_barrier(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // Generic-proxy shared-memory stores become visible to wgmma's (async proxy) reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
