@@ -55,22 +55,39 @@ __device__ __forceinline__ void load_then_store(Load load, Store store) {
     for (int first = threadIdx.x; first < TOTAL; first += BATCH * THREADS) {
         float4 x[BATCH];
 #pragma unroll
-        for (int j = 0; j < BATCH; ++j) {
-            const int i = first + j * THREADS;
-            x[j] = i < TOTAL ? load(i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+        for (int j = 0; j < BATCH; ++j) x[j] = load(min(first + j * THREADS, TOTAL - 1));  // (no branch: as load_chunk)
 #pragma unroll
         for (int j = 0; j < BATCH; ++j)
             if (first + j * THREADS < TOTAL) store(first + j * THREADS, x[j]);
     }
 }
 
+// *p (global memory that stays as it is for the whole launch) where ok, else zeros: a
+// predicated load, not a branch. Around a plain load the compiler branched and moved
+// the loaded value out of the branch's registers right after it, which waited for the
+// load: one load in flight at a time however many load_then_store issued (ncu: a
+// tenth of the "tf32" D=256 backward's stall samples, nineteenth session's tree).
+__device__ __forceinline__ float4 load_float4_if(const float* p, bool ok) {
+    float4 x;
+    asm("{\n\t.reg .pred ok;\n\tsetp.ne.b32 ok, %5, 0;\n\tmov.f32 %0, 0f00000000;\n\tmov.f32 %1, 0f00000000;\n\t"
+        "mov.f32 %2, 0f00000000;\n\tmov.f32 %3, 0f00000000;\n\t@ok ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w)
+        : "l"(p), "r"(int(ok)));
+    return x;
+}
+__device__ __forceinline__ float load_float_if(const float* p, bool ok) {
+    float x;
+    asm("{\n\t.reg .pred ok;\n\tsetp.ne.b32 ok, %2, 0;\n\tmov.f32 %0, 0f00000000;\n\t@ok ld.global.nc.f32 %0, [%1];\n}\n"
+        : "=f"(x)
+        : "l"(p), "r"(int(ok)));
+    return x;
+}
+
 // Row r, columns c..c+3 of global rows (row stride `stride` floats, 16-byte aligned),
 // zeros from row valid_rows and column valid_cols on.
 __device__ __forceinline__ float4 load_chunk(const float* src, long long stride, int r, int c, int valid_rows,
                                              int valid_cols) {
-    return r < valid_rows && c < valid_cols ? *reinterpret_cast<const float4*>(src + r * stride + c)
-                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    return load_float4_if(src + r * stride + c, r < valid_rows && c < valid_cols);
 }
 
 // The R x D_PAD tile (parts PART words apart) from global rows (row stride `stride`
