@@ -258,6 +258,17 @@ struct DqAtomics {
     long long sb, ss, sh;
 };
 
+// x where entry (row, key) is visible (inside both sequences and, causal, key <= row +
+// causal_offset; every entry where !needs_mask), else 0: selected, never multiplied by
+// 0, and without a branch, so that a lane's exp2f and products over its entries issue
+// straight through with lse and delta read first (a branch around each entry's work
+// had the compiler read lse and delta inside it, one entry at a time).
+__device__ __forceinline__ float visible_or_zero(float x, bool needs_mask, int row, int key, int seqlen_q,
+                                                 int seqlen_k, bool causal, int causal_offset) {
+    const bool visible = !needs_mask | ((row < seqlen_q) & (key < seqlen_k) & (!causal | (key <= row + causal_offset)));
+    return visible ? x : 0.0f;
+}
+
 // The dK/dV pass (FUSED = false), or with dQ added as it goes (FUSED: each warpgroup
 // writes its dS to shared memory and adds dQ^T = K^T dS^T over its 64 keys to dq with
 // atomics, so the dQ pass and its recomputed S and dP are not needed).
@@ -290,6 +301,10 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // 128 without a pair ((16,128,8) and (16,64,4) at 128, K and V as words, spilled
     // 528-984 bytes at 4; neither is planned: rule_audit.py --admitted, nineteenth session).
     constexpr int SCORE_DEPTH = PASSES == 3 && BLOCK_M == 16 && (D_SPLIT == 2 ? D_WG <= 128 : D_WG < 128) ? 4 : 2;
+    // P^T and dS^T of a lane's entries computed without a branch (visible_or_zero), except
+    // where ptxas then spills (NVRTC 13.x: 3xTF32 (32,128,8) at head dim 128, 360-412
+    // bytes at 255 registers); there a branch an entry, lse and delta read per 8 queries.
+    constexpr bool SELECT_AFTER = !(PASSES == 3 && BLOCK_M * D_WG >= 32 * 128);
     static_assert(NUM_WARPS % 4 == 0 && BLOCK_N % 64 == 0 && BLOCK_N * D_SPLIT == 16 * NUM_WARPS &&
                   (D_SPLIT == 1 || D_SPLIT == 2), "each warpgroup owns 64 keys, one or two share them");
     static_assert(D_WG % 16 == 0 && (!FUSED || D_SPLIT == 1), "a warpgroup's columns");
@@ -506,19 +521,42 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         }
         const bool needs_mask = m0 + BLOCK_M > seqlen_q || key0 + 16 > seqlen_k ||
                                 (CAUSAL && key0 + 15 > m0 + causal_offset);
+        if constexpr (SELECT_AFTER) {
+            // lse and delta of this lane's query columns (2t, 2t + 1 of each 8), read first.
+            float2 lse2[M_BLOCKS], delta2[M_BLOCKS];
 #pragma unroll
-        for (int j = 0; j < M_BLOCKS; ++j)
-#pragma unroll
-            for (int e4 = 0; e4 < 4; ++e4) {
-                const int key = key0 + g + (e4 / 2) * 8;
-                const int col = j * 8 + 2 * t + e4 % 2;  // query row within the tile
-                const int row = m0 + col;
-                const bool visible = !needs_mask ||
-                                     (row < seqlen_q && key < seqlen_k && (!CAUSAL || key <= row + causal_offset));
-                const float p = visible ? exp2f(sdp[0][j][e4] * scale_log2 - lse_tile[col]) : 0.0f;
-                sdp[1][j][e4] = visible ? p * (sdp[1][j][e4] - delta_tile[col]) : 0.0f;
-                sdp[0][j][e4] = p;
+            for (int j = 0; j < M_BLOCKS; ++j) {
+                lse2[j] = *reinterpret_cast<const float2*>(lse_tile + j * 8 + 2 * t);
+                delta2[j] = *reinterpret_cast<const float2*>(delta_tile + j * 8 + 2 * t);
             }
+#pragma unroll
+            for (int j = 0; j < M_BLOCKS; ++j)
+#pragma unroll
+                for (int e4 = 0; e4 < 4; ++e4) {
+                    const int key = key0 + g + (e4 / 2) * 8;
+                    const int row = m0 + j * 8 + 2 * t + e4 % 2;  // its query
+                    const float p = exp2f(sdp[0][j][e4] * scale_log2 - (e4 % 2 ? lse2[j].y : lse2[j].x));
+                    const float ds = p * (sdp[1][j][e4] - (e4 % 2 ? delta2[j].y : delta2[j].x));
+                    sdp[0][j][e4] = visible_or_zero(p, needs_mask, row, key, seqlen_q, seqlen_k, CAUSAL, causal_offset);
+                    sdp[1][j][e4] = visible_or_zero(ds, needs_mask, row, key, seqlen_q, seqlen_k, CAUSAL, causal_offset);
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < M_BLOCKS; ++j) {
+                const float2 lse2 = *reinterpret_cast<const float2*>(lse_tile + j * 8 + 2 * t);
+                const float2 delta2 = *reinterpret_cast<const float2*>(delta_tile + j * 8 + 2 * t);
+#pragma unroll
+                for (int e4 = 0; e4 < 4; ++e4) {
+                    const int key = key0 + g + (e4 / 2) * 8;
+                    const int row = m0 + j * 8 + 2 * t + e4 % 2;
+                    const bool visible = !needs_mask || (row < seqlen_q && key < seqlen_k &&
+                                                         (!CAUSAL || key <= row + causal_offset));
+                    const float p = visible ? exp2f(sdp[0][j][e4] * scale_log2 - (e4 % 2 ? lse2.y : lse2.x)) : 0.0f;
+                    sdp[1][j][e4] = visible ? p * (sdp[1][j][e4] - (e4 % 2 ? delta2.y : delta2.x)) : 0.0f;
+                    sdp[0][j][e4] = p;
+                }
+            }
+        }
         Tf32Words<PASSES, 4> a[2][M_BLOCKS];  // P^T and dS^T as register A operands
         a_words(a[0], sdp[0]);
         a_words(a[1], sdp[1]);
@@ -794,10 +832,9 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 const int half = e4 / 2;
                 const int row = warp_row0 + g + half * 8;
                 const int key = n0 + j * 8 + 2 * t + e4 % 2;
-                const bool visible = !needs_mask ||
-                                     (row < seqlen_q && key < seqlen_k && (!CAUSAL || key <= row + causal_offset));
-                const float p = visible ? exp2f(sdp[0][j][e4] * scale_log2 - lse_log2[half]) : 0.0f;
-                sdp[1][j][e4] = visible ? p * (sdp[1][j][e4] - dlt[half]) : 0.0f;
+                const float p = exp2f(sdp[0][j][e4] * scale_log2 - lse_log2[half]);
+                const float ds = p * (sdp[1][j][e4] - dlt[half]);
+                sdp[1][j][e4] = visible_or_zero(ds, needs_mask, row, key, seqlen_q, seqlen_k, CAUSAL, causal_offset);
             }
         Tf32Words<PASSES, 4> a[1][N_BLOCKS];  // dS as the register A operand
         a_words(a[0], sdp[1]);
