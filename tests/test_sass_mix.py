@@ -10,16 +10,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import sass_mix  # noqa: E402
 
 HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
-          '"Instructions Executed"')
+          '"Instructions Executed","stall_wait","stall_long_sb","stall_wait (Not Issued)"')
 CSV = "\n".join([
     '"Kernel Name","void first<1>(float *)",',
     HEADER,
-    '"0x10","      FADD R1, R2, R3","30","20","600"',
-    '"0x20","  @P0 FADD.FTZ R4, R4, -R5","10","5","200"',
-    '"0x30","      HGMMA.64x16x8.F32.TF32 R8, R16, gdesc[UR4], RZ, !UPT","60","60","200"',
+    '"0x10","      FADD R1, R2, R3","30","20","600","30","0","20"',
+    '"0x20","  @P0 FADD.FTZ R4, R4, -R5","10","5","200","0","10","5"',
+    '"0x30","      HGMMA.64x16x8.F32.TF32 R8, R16, gdesc[UR4], RZ, !UPT","60","60","200","20","50","60"',
     '"Kernel Name","void second(int)",',
     HEADER,
-    '"0x10","      EXIT","0","0","10"',
+    '"0x10","      EXIT","0","0","10","0","0","0"',
 ])
 
 
@@ -50,3 +50,12 @@ def test_main_prints_each_kernel_and_refuses_a_file_without_kernels(tmp_path, ca
     with pytest.raises(SystemExit):
         sass_mix.main()
     assert "expected ncu's SASS source page" in capsys.readouterr().err
+
+
+def test_stall_reasons_by_opcode_leave_out_the_not_issued_columns():
+    (_, rows), (_, other) = sass_mix.kernels(CSV)
+    (first, share, ops), (second, share2, ops2) = sass_mix.reasons(rows)
+    assert (first, second) == ("long_sb", "wait") and (share, share2) == pytest.approx((60 / 110, 50 / 110))
+    assert ops == [("HGMMA", pytest.approx(50 / 110)), ("FADD", pytest.approx(10 / 110))]
+    assert ops2 == [("FADD", pytest.approx(30 / 110)), ("HGMMA", pytest.approx(20 / 110))]
+    assert [(r, s) for r, s, _ in sass_mix.reasons(other)] == [("wait", 0), ("long_sb", 0)]
