@@ -75,13 +75,6 @@ __device__ __forceinline__ float4 load_float4_if(const float* p, bool ok) {
         : "l"(p), "r"(int(ok)));
     return x;
 }
-__device__ __forceinline__ float load_float_if(const float* p, bool ok) {
-    float x;
-    asm("{\n\t.reg .pred ok;\n\tsetp.ne.b32 ok, %2, 0;\n\tmov.f32 %0, 0f00000000;\n\t@ok ld.global.nc.f32 %0, [%1];\n}\n"
-        : "=f"(x)
-        : "l"(p), "r"(int(ok)));
-    return x;
-}
 
 // Row r, columns c..c+3 of global rows (row stride `stride` floats, 16-byte aligned),
 // zeros from row valid_rows and column valid_cols on.
