@@ -301,10 +301,6 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // 128 without a pair ((16,128,8) and (16,64,4) at 128, K and V as words, spilled
     // 528-984 bytes at 4; neither is planned: rule_audit.py --admitted, nineteenth session).
     constexpr int SCORE_DEPTH = PASSES == 3 && BLOCK_M == 16 && (D_SPLIT == 2 ? D_WG <= 128 : D_WG < 128) ? 4 : 2;
-    // P^T and dS^T of a lane's entries computed without a branch (visible_or_zero), except
-    // where ptxas then spills (NVRTC 13.x: 3xTF32 (32,128,8) at head dim 128, 360-412
-    // bytes at 255 registers); there a branch an entry, lse and delta read per 8 queries.
-    constexpr bool SELECT_AFTER = !(PASSES == 3 && BLOCK_M * D_WG >= 32 * 128);
     static_assert(NUM_WARPS % 4 == 0 && BLOCK_N % 64 == 0 && BLOCK_N * D_SPLIT == 16 * NUM_WARPS &&
                   (D_SPLIT == 1 || D_SPLIT == 2), "each warpgroup owns 64 keys, one or two share them");
     static_assert(D_WG % 16 == 0 && (!FUSED || D_SPLIT == 1), "a warpgroup's columns");
@@ -322,7 +318,11 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     unsigned char* q_tiles = smem + L::q_tiles;
     unsigned long long* barriers = reinterpret_cast<unsigned long long*>(smem + L::barriers);
 
-    const int warp = threadIdx.x / 32, wg = warp / 4;
+    // (broadcast from lane 0: provably warp-uniform, so that the wgmma descriptors built from
+    // it can live in uniform registers; not in the fused pass, which then spilled 12-168
+    // bytes at admitted tiles: rule_audit.py --admitted)
+    const int warp = FUSED ? int(threadIdx.x / 32) : __shfl_sync(0xffffffffu, int(threadIdx.x / 32), 0);
+    const int wg = warp / 4;
     const int key_wg = wg / D_SPLIT, col0 = wg % D_SPLIT * D_WG;  // its 64 keys, its first dK/dV column
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
@@ -521,42 +521,25 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         }
         const bool needs_mask = m0 + BLOCK_M > seqlen_q || key0 + 16 > seqlen_k ||
                                 (CAUSAL && key0 + 15 > m0 + causal_offset);
-        if constexpr (SELECT_AFTER) {
-            // lse and delta of this lane's query columns (2t, 2t + 1 of each 8), read first.
-            float2 lse2[M_BLOCKS], delta2[M_BLOCKS];
+        // lse and delta of this lane's query columns (2t, 2t + 1 of each 8), read first; P^T
+        // and dS^T of every entry computed, then selected (visible_or_zero): no branch.
+        float2 lse2[M_BLOCKS], delta2[M_BLOCKS];
 #pragma unroll
-            for (int j = 0; j < M_BLOCKS; ++j) {
-                lse2[j] = *reinterpret_cast<const float2*>(lse_tile + j * 8 + 2 * t);
-                delta2[j] = *reinterpret_cast<const float2*>(delta_tile + j * 8 + 2 * t);
-            }
-#pragma unroll
-            for (int j = 0; j < M_BLOCKS; ++j)
-#pragma unroll
-                for (int e4 = 0; e4 < 4; ++e4) {
-                    const int key = key0 + g + (e4 / 2) * 8;
-                    const int row = m0 + j * 8 + 2 * t + e4 % 2;  // its query
-                    const float p = exp2f(sdp[0][j][e4] * scale_log2 - (e4 % 2 ? lse2[j].y : lse2[j].x));
-                    const float ds = p * (sdp[1][j][e4] - (e4 % 2 ? delta2[j].y : delta2[j].x));
-                    sdp[0][j][e4] = visible_or_zero(p, needs_mask, row, key, seqlen_q, seqlen_k, CAUSAL, causal_offset);
-                    sdp[1][j][e4] = visible_or_zero(ds, needs_mask, row, key, seqlen_q, seqlen_k, CAUSAL, causal_offset);
-                }
-        } else {
-#pragma unroll
-            for (int j = 0; j < M_BLOCKS; ++j) {
-                const float2 lse2 = *reinterpret_cast<const float2*>(lse_tile + j * 8 + 2 * t);
-                const float2 delta2 = *reinterpret_cast<const float2*>(delta_tile + j * 8 + 2 * t);
-#pragma unroll
-                for (int e4 = 0; e4 < 4; ++e4) {
-                    const int key = key0 + g + (e4 / 2) * 8;
-                    const int row = m0 + j * 8 + 2 * t + e4 % 2;
-                    const bool visible = !needs_mask || (row < seqlen_q && key < seqlen_k &&
-                                                         (!CAUSAL || key <= row + causal_offset));
-                    const float p = visible ? exp2f(sdp[0][j][e4] * scale_log2 - (e4 % 2 ? lse2.y : lse2.x)) : 0.0f;
-                    sdp[1][j][e4] = visible ? p * (sdp[1][j][e4] - (e4 % 2 ? delta2.y : delta2.x)) : 0.0f;
-                    sdp[0][j][e4] = p;
-                }
-            }
+        for (int j = 0; j < M_BLOCKS; ++j) {
+            lse2[j] = *reinterpret_cast<const float2*>(lse_tile + j * 8 + 2 * t);
+            delta2[j] = *reinterpret_cast<const float2*>(delta_tile + j * 8 + 2 * t);
         }
+#pragma unroll
+        for (int j = 0; j < M_BLOCKS; ++j)
+#pragma unroll
+            for (int e4 = 0; e4 < 4; ++e4) {
+                const int key = key0 + g + (e4 / 2) * 8;
+                const int row = m0 + j * 8 + 2 * t + e4 % 2;  // its query
+                const float p = exp2f(sdp[0][j][e4] * scale_log2 - (e4 % 2 ? lse2[j].y : lse2[j].x));
+                const float ds = p * (sdp[1][j][e4] - (e4 % 2 ? delta2[j].y : delta2[j].x));
+                sdp[0][j][e4] = visible_or_zero(p, needs_mask, row, key, seqlen_q, seqlen_k, CAUSAL, causal_offset);
+                sdp[1][j][e4] = visible_or_zero(ds, needs_mask, row, key, seqlen_q, seqlen_k, CAUSAL, causal_offset);
+            }
         Tf32Words<PASSES, 4> a[2][M_BLOCKS];  // P^T and dS^T as register A operands
         a_words(a[0], sdp[0]);
         a_words(a[1], sdp[1]);
@@ -690,7 +673,9 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     unsigned char* kv_tiles = smem + L::kv_tiles;
     unsigned long long* barriers = reinterpret_cast<unsigned long long*>(smem + L::barriers);
 
-    const int warp = threadIdx.x / 32, wg = warp / 4;
+    // (broadcast from lane 0: provably warp-uniform, so that the wgmma descriptors built from
+    // it can live in uniform registers)
+    const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x / 32), 0), wg = warp / 4;
     const int row_wg = wg / D_SPLIT, col0 = wg % D_SPLIT * D_WG;  // its 64 rows, its first dQ column
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
