@@ -287,7 +287,8 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
                 for (int e = 0; e < 2; ++e) {
                     float& x = s[j][half * 2 + e];
                     const int col = n0 + j * 8 + 2 * t + e;
-                    const bool visible = !needs_mask || (col < seqlen_k && (!CAUSAL || col <= row + causal_offset));
+                    // (& and |, not && and ||: a select, not a branch an entry)
+                    const bool visible = !needs_mask | ((col < seqlen_k) & (!CAUSAL | (col <= row + causal_offset)));
                     x = visible ? x * scale_log2 : CUPYATTN_NEG_INF;
                     row_max = fmaxf(row_max, x);
                 }
