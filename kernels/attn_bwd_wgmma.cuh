@@ -664,6 +664,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     static_assert(BLOCK_N == 16 || BLOCK_N == 32 || BLOCK_N == 64, "wgmma.cuh has n16, n32, n64");
     static_assert(D_PAD % 16 == 0 && N_BLOCKS % KG == 0, "tile shape");
     constexpr int Q_PART = BLOCK_M * D_PAD, KV_PART = BLOCK_N * D_PAD;
+    constexpr bool P_BEFORE_DP = D_SPLIT == 1 && PASSES == 3 && BLOCK_N == 64;  // (scores below)
 
     constexpr int STAGES = L::STAGES;
 
@@ -762,7 +763,9 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
         }
         mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (tile / STAGES) % 2);
         const bool idle = CAUSAL && n0 > wg_row0 + 63 + causal_offset;  // uniform per warpgroup
-        float sdp[2][N_BLOCKS][4];  // S, dP
+        float sdp[2][N_BLOCKS][4];  // S (or P: P_BEFORE_DP), dP
+        // P of a score in this lane's row `half` (g or g + 8 of its warp's 16).
+        auto probability = [&](float s, int half) { return exp2f(s * scale_log2 - lse_log2[half]); };
         auto scores = [&] {
             if constexpr (D_SPLIT == 2) {
                 // As dK/dV's pair: each computes one product, in the order one warpgroup
@@ -776,14 +779,22 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 float4* const swap[2] = {reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES),
                                          reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES + L::TILE_N)};
                 swap_pair_products(sdp, own, swap, product, warp % 4, lane);
-            } else if constexpr (PASSES == 3 && BLOCK_N == 64) {
-                // 3xTF32 with 64-key tiles: S, then dP (one product's fresh accumulators at
-                // a time, as dK/dV's ring computes them), for the registers.
+            } else if constexpr (P_BEFORE_DP) {
+                // 3xTF32 with 64-key tiles: S, P = exp2(S - lse), then dP (one product's
+                // fresh accumulators at a time, as dK/dV's ring computes them), for the
+                // registers. P before dP, not S and dP then P: with nothing between the
+                // two products ptxas (NVRTC 13.5) compiled them as one at head dims up to
+                // 48, dP's wgmmas and adds gone (empty HGMMAs in their place) and S used as
+                // dP (dQ errors of 3-9, twenty-first session; test_compile checks the wgmma
+                // kernels' SASS for empty HGMMAs).
+                one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(
+                    sdp[0], 0, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
 #pragma unroll
-                for (int product = 0; product < 2; ++product)
-                    one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(
-                        sdp[product], product, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr},
-                        KV_PART * 4);
+                for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+                    for (int e4 = 0; e4 < 4; ++e4) sdp[0][j][e4] = probability(sdp[0][j][e4], e4 / 2);
+                one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(
+                    sdp[1], 1, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
             } else if constexpr (L::Q_IN_REGISTERS)
                 words_by_rows<2, BLOCK_N, K_STEPS, BLOCK_N, SCORE_DEPTH>(sdp, {q_words, do_words}, {k_addr, v_addr},
                                                                         KV_PART * 4);
@@ -817,7 +828,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 const int half = e4 / 2;
                 const int row = warp_row0 + g + half * 8;
                 const int key = n0 + j * 8 + 2 * t + e4 % 2;
-                const float p = exp2f(sdp[0][j][e4] * scale_log2 - lse_log2[half]);
+                const float p = P_BEFORE_DP ? sdp[0][j][e4] : probability(sdp[0][j][e4], half);
                 const float ds = p * (sdp[1][j][e4] - dlt[half]);
                 sdp[1][j][e4] = visible_or_zero(ds, needs_mask, row, key, seqlen_q, seqlen_k, CAUSAL, causal_offset);
             }

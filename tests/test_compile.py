@@ -189,6 +189,35 @@ def test_installed_package_finds_its_kernels(tmp_path):
     assert (kernels / "attn_fwd_simt.cuh").is_file()
 
 
+def empty_wgmmas(lines) -> list:
+    """The HGMMAs of SASS ``lines`` that ptxas left empty (``HGMMA.64x8x16.F16 RZ,
+    gdesc[URZ], ...``): where it dropped a product it judged dead or equal to another, it
+    keeps an empty one in each commit group's place."""
+    return [line for line in lines if "HGMMA" in line and "gdesc[URZ]" in line]
+
+
+@pytest.mark.parametrize("d", [16, 32, 48, 64])
+@pytest.mark.parametrize("tile", [(64, 64, 4), (128, 64, 8)])
+def test_dq_wgmma_keeps_both_score_products(d, tile):
+    """"fp32" dQ with 64-key tiles computes S and dP one after the other; with nothing
+    between them ptxas (NVRTC 13.5) compiled the two as one at head dims up to 48 (dP's 3
+    wgmmas a k-step gone, S used as dP: dQ errors of 3-9 on the H200, twenty-first
+    session). Every wgmma of the PTX is in the SASS: 3 per k-step of each score product,
+    3 per key block of each dQ chunk, none empty."""
+    from cupyattn.plan import BwdDqWgmmaConfig
+
+    cfg = BwdDqWgmmaConfig("float32", "fp32", d, *tile, False)
+    try:
+        text = cc.sass(cc.compile_only(cfg, "sm_90"))
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    lines = [line for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    assert not empty_wgmmas(lines)
+    scores = 2 * 3 * (d // 8)
+    chunk = 64 if d % 64 == 0 else 32 if d % 32 == 0 else 16  # (chunk_columns)
+    assert sum("HGMMA" in line for line in lines) == scores + (d // chunk) * 3 * (tile[1] // 8)
+
+
 @pytest.mark.parametrize("arch,device", [("sm_80", "a100"), ("sm_90", "h100")])
 @pytest.mark.parametrize("dtype,precision", [("float16", None), ("bfloat16", None), ("float32", "fp32"),
                                              ("float32", "tf32"), ("float32", "bf16")])
@@ -222,6 +251,7 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
         # Streamed tiles by bulk copy (TMA) from the staging launch's TF32 tiles.
         assert "UBLKCP.S.G" in text and "SYNCS.PHASECHK" in text
         lines = [line for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+        assert not empty_wgmmas(lines)
         # Descriptors as a base plus each k-step's constant offset (wgmma.cuh, wgmma_desc):
         # fewer uniform shifts and logic ops among the wgmmas than wgmmas, not a mask, shift
         # and or before every wgmma (50-450 of them in the planned kernels before). Counted
