@@ -9,7 +9,9 @@ the device's shared memory and that a register rule alone keeps out, at the head
 and causal settings asked for, and prints each with its registers and spills; those
 that do not spill are marked RULE TOO STRICT (candidates for tune_tiles.py --tiles,
 after the listed-tile GPU tests have run them). --admitted also compiles the tiles the
-rules let through and marks those that spill RULE TOO LOOSE.
+rules let through and marks those that spill RULE TOO LOOSE. Any tile whose SASS has
+empty HGMMAs (compile.empty_wgmmas: ptxas dropped wgmmas, a miscompile) is marked
+EMPTY HGMMA, whatever its rule says (needs cuobjdump).
 
     PYTHONPATH=. python scripts/rule_audit.py [--dims 64,128,256] [--causal both]
         [--families dkdv,dq,fwd,fused] [--admitted] [--jobs 2]
@@ -23,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cupyattn import plan as P  # noqa: E402
-from cupyattn.compile import compile_only  # noqa: E402
+from cupyattn.compile import compile_only, empty_wgmmas, sass  # noqa: E402
 from cupyattn.device import named_device  # noqa: E402
 
 FAMILIES = {
@@ -55,7 +57,9 @@ def audited_tiles(device, dims, causals, families=tuple(FAMILIES), admitted=Fals
     return list({cfg: (cfg, why) for cfg, why in out}.values())  # each padded tile once
 
 
-def verdict(why, spills: int) -> str:
+def verdict(why, spills: int, empty_hgmmas: int = 0) -> str:
+    if empty_hgmmas:
+        return "EMPTY HGMMA"
     if why is not None and spills == 0:
         return "RULE TOO STRICT"
     if why is None and spills > 0:
@@ -66,7 +70,7 @@ def verdict(why, spills: int) -> str:
 def _compile(job):
     cfg, arch = job
     report = compile_only(cfg, arch)
-    return report.registers, report.spills
+    return report.registers, report.spills, len(empty_wgmmas(sass(report)))
 
 
 def main():
@@ -88,9 +92,9 @@ def main():
     print(f"compiling {len(tiles)} tiles for sm_90a", file=sys.stderr, flush=True)
     arch = f"sm_{device.compute_capability[0]}{device.compute_capability[1]}"
     with ProcessPoolExecutor(args.jobs) as pool:
-        for (cfg, why), (registers, spills) in zip(tiles, pool.map(_compile, [(cfg, arch) for cfg, _ in tiles])):
-            print(f"{verdict(why, spills):<15} {cfg.name_expression}: {registers} registers, {spills} bytes spilled"
-                  f"{f' | rule: {why}' if why else ''}", flush=True)
+        for (cfg, why), (registers, spills, empty) in zip(tiles, pool.map(_compile, [(cfg, arch) for cfg, _ in tiles])):
+            print(f"{verdict(why, spills, empty):<15} {cfg.name_expression}: {registers} registers, {spills} bytes spilled"
+                  f"{f', {empty} empty HGMMAs' if empty else ''}{f' | rule: {why}' if why else ''}", flush=True)
 
 
 if __name__ == "__main__":

@@ -189,13 +189,6 @@ def test_installed_package_finds_its_kernels(tmp_path):
     assert (kernels / "attn_fwd_simt.cuh").is_file()
 
 
-def empty_wgmmas(lines) -> list:
-    """The HGMMAs of SASS ``lines`` that ptxas left empty (``HGMMA.64x8x16.F16 RZ,
-    gdesc[URZ], ...``): where it dropped a product it judged dead or equal to another, it
-    keeps an empty one in each commit group's place."""
-    return [line for line in lines if "HGMMA" in line and "gdesc[URZ]" in line]
-
-
 @pytest.mark.parametrize("d", [16, 32, 48, 64])
 @pytest.mark.parametrize("tile", [(64, 64, 4), (128, 64, 8)])
 def test_dq_wgmma_keeps_both_score_products(d, tile):
@@ -212,7 +205,7 @@ def test_dq_wgmma_keeps_both_score_products(d, tile):
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     lines = [line for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
-    assert not empty_wgmmas(lines)
+    assert not cc.empty_wgmmas(text)
     scores = 2 * 3 * (d // 8)
     chunk = 64 if d % 64 == 0 else 32 if d % 32 == 0 else 16  # (chunk_columns)
     assert sum("HGMMA" in line for line in lines) == scores + (d // chunk) * 3 * (tile[1] // 8)
@@ -251,7 +244,7 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
         # Streamed tiles by bulk copy (TMA) from the staging launch's TF32 tiles.
         assert "UBLKCP.S.G" in text and "SYNCS.PHASECHK" in text
         lines = [line for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
-        assert not empty_wgmmas(lines)
+        assert not cc.empty_wgmmas(text)
         # Descriptors as a base plus each k-step's constant offset (wgmma.cuh, wgmma_desc):
         # fewer uniform shifts and logic ops among the wgmmas than wgmmas, not a mask, shift
         # and or before every wgmma (50-450 of them in the planned kernels before). Counted

@@ -37,3 +37,4 @@ def test_verdicts():
     assert verdict("a rule", 0) == "RULE TOO STRICT"
     assert verdict(None, 28) == "RULE TOO LOOSE"
     assert verdict("a rule", 28) == verdict(None, 0) == "ok"
+    assert verdict(None, 0, empty_hgmmas=6) == verdict("a rule", 28, 2) == "EMPTY HGMMA"
