@@ -318,10 +318,9 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     unsigned char* q_tiles = smem + L::q_tiles;
     unsigned long long* barriers = reinterpret_cast<unsigned long long*>(smem + L::barriers);
 
-    // (broadcast from lane 0: provably warp-uniform, so that the wgmma descriptors built from
-    // it can live in uniform registers; not in the fused pass, which then spilled 12-168
-    // bytes at admitted tiles: rule_audit.py --admitted)
-    const int warp = FUSED ? int(threadIdx.x / 32) : __shfl_sync(0xffffffffu, int(threadIdx.x / 32), 0);
+    // (not warp_uniform_index in the fused pass, which then spilled 12-168 bytes at
+    // admitted tiles: rule_audit.py --admitted)
+    const int warp = FUSED ? int(threadIdx.x / 32) : warp_uniform_index();
     const int wg = warp / 4;
     const int key_wg = wg / D_SPLIT, col0 = wg % D_SPLIT * D_WG;  // its 64 keys, its first dK/dV column
     const int lane = threadIdx.x % 32;
@@ -674,9 +673,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     unsigned char* kv_tiles = smem + L::kv_tiles;
     unsigned long long* barriers = reinterpret_cast<unsigned long long*>(smem + L::barriers);
 
-    // (broadcast from lane 0: provably warp-uniform, so that the wgmma descriptors built from
-    // it can live in uniform registers)
-    const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x / 32), 0), wg = warp / 4;
+    const int warp = warp_uniform_index(), wg = warp / 4;
     const int row_wg = wg / D_SPLIT, col0 = wg % D_SPLIT * D_WG;  // its 64 rows, its first dQ column
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;

@@ -105,9 +105,7 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
     unsigned long long* barriers = reinterpret_cast<unsigned long long*>(smem + L::barriers);  // [stage][K, V]
     constexpr int Q_PART = BLOCK_M * D_PAD, KV_PART = BLOCK_N * D_PAD;  // words per TF32 part
 
-    // (broadcast from lane 0: provably warp-uniform, so that the wgmma descriptors built from
-    // it can live in uniform registers)
-    const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x / 32), 0), wg = warp / 4;
+    const int warp = warp_uniform_index(), wg = warp / 4;
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const QueryBlock qb = query_block<CAUSAL, BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);

@@ -53,6 +53,10 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// This thread's warp in the block, broadcast from lane 0: provably warp-uniform, so that
+// ptxas keeps the wgmma descriptors built from it in uniform registers (threadIdx.x / 32
+// it cannot prove uniform: an R2UR pair before every HGMMA, twenty-first session).
+__device__ __forceinline__ int warp_uniform_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x / 32), 0); }
 // The 128 threads of warpgroup `wg` wait for each other (named barrier wg + 1; 0 is
 // __syncthreads').
 __device__ __forceinline__ void warpgroup_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory"); }
