@@ -253,21 +253,26 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 // rows_by_rows in 3xTF32 with each A_p from this warp's words of a_words_global's
 // tile (a_words[p]: this lane's word of k-step 0; k-step ks at a_words[p][ks * 32]),
 // split into TF32 parts per k-step in registers as store_parts splits them, so the
-// products, their order and the adds are rows_by_rows's. DEPTH sets of split words
-// rotate, as the accumulators, and each k-step's words are read from shared memory
-// one k-step ahead, before the wait for the last products: the wait's memory clobber
+// products, their order and the adds are rows_by_rows's. DEPTH sets of split words rotate, as the accumulators, and each k-step's words are read from shared memory
+// one group ahead, before the wait for the last products: the wait's memory clobber
 // keeps a load after it, where the split would stall on its latency.
-template <int NP, int N, int K_STEPS, int B_ROWS, int DEPTH = 2>
+// GROUP k-steps go out as one commit group, their products interleaved (each pass of
+// every k-step, then the next pass), so that no two wgmmas in a row add into the same
+// accumulator; DEPTH / GROUP groups are in flight. Each accumulator takes the same
+// products in the same order and is added in k order: the same bits for any GROUP.
+template <int NP, int N, int K_STEPS, int B_ROWS, int DEPTH = 2, int GROUP = 1>
 __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const float4* const (&a_words)[NP],
                                               const unsigned (&b_addr)[NP], unsigned b_part) {
     using Wg = WgmmaTf32<N>;
     constexpr unsigned B_STEP = 2 * (B_ROWS / 8) * 128;  // bytes per k-step
-    static_assert(DEPTH >= 2 && DEPTH <= 4, "k-steps in flight");
+    constexpr int IN_FLIGHT = DEPTH / GROUP;               // commit groups
+    static_assert(DEPTH >= 2 && DEPTH <= 4 && DEPTH % GROUP == 0 && K_STEPS % GROUP == 0 && IN_FLIGHT >= 2,
+                  "k-steps in flight");
 #pragma unroll
     for (int p = 0; p < NP; ++p) zero_acc(d[p]);
     float step[DEPTH][NP][N / 8][4];
     Tf32Words<3, 4> a[DEPTH][NP];  // a k-step's A words stay until its products land
-    float4 words[NP];  // the next k-step's
+    float4 words[GROUP][NP];       // the next group's
     auto add_step = [&](int done) {  // k-step `done`'s products, landed, into d
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
@@ -278,35 +283,50 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
         }
     };
 #pragma unroll
-    for (int p = 0; p < NP; ++p) words[p] = a_words[p][0];
+    for (int g = 0; g < GROUP; ++g)
 #pragma unroll
-    for (int ks = 0; ks < K_STEPS; ++ks) {
+        for (int p = 0; p < NP; ++p) words[g][p] = a_words[p][g * 32];
 #pragma unroll
-        for (int p = 0; p < NP; ++p) {
-            a[ks % DEPTH][p].set(0, words[p].x);
-            a[ks % DEPTH][p].set(1, words[p].y);
-            a[ks % DEPTH][p].set(2, words[p].z);
-            a[ks % DEPTH][p].set(3, words[p].w);
-            if (ks + 1 < K_STEPS) words[p] = a_words[p][(ks + 1) * 32];
-        }
+    for (int ks0 = 0; ks0 < K_STEPS; ks0 += GROUP) {
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g)
+#pragma unroll
+            for (int p = 0; p < NP; ++p) {
+                Tf32Words<3, 4>& w = a[(ks0 + g) % DEPTH][p];
+                w.set(0, words[g][p].x);
+                w.set(1, words[g][p].y);
+                w.set(2, words[g][p].z);
+                w.set(3, words[g][p].w);
+                if (ks0 + GROUP + g < K_STEPS) words[g][p] = a_words[p][(ks0 + GROUP + g) * 32];
+            }
         wgmma_fence();
 #pragma unroll
-        for (int p = 0; p < NP; ++p) {
-            const auto b_big = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP);
-            const auto b_small = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP + b_part);
-            Wg::template rs<false>(step[ks % DEPTH][p], a[ks % DEPTH][p].small, b_big);
-            Wg::template rs<true>(step[ks % DEPTH][p], a[ks % DEPTH][p].big, b_small);
-            Wg::template rs<true>(step[ks % DEPTH][p], a[ks % DEPTH][p].big, b_big);
-        }
+        for (int p = 0; p < NP; ++p)
+#pragma unroll
+            for (int pass = 0; pass < 3; ++pass)
+#pragma unroll
+                for (int g = 0; g < GROUP; ++g) {
+                    const int ks = ks0 + g;
+                    const Tf32Words<3, 4>& w = a[ks % DEPTH][p];
+                    const auto b_big = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP);
+                    const auto b_small = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP + b_part);
+                    if (pass == 0)
+                        Wg::template rs<false>(step[ks % DEPTH][p], w.small, b_big);
+                    else if (pass == 1)
+                        Wg::template rs<true>(step[ks % DEPTH][p], w.big, b_small);
+                    else
+                        Wg::template rs<true>(step[ks % DEPTH][p], w.big, b_big);
+                }
         wgmma_commit();
-        if (ks >= DEPTH - 1) {
-            wgmma_wait<DEPTH - 1>();
-            add_step(ks - (DEPTH - 1));
+        if (ks0 / GROUP >= IN_FLIGHT - 1) {
+            wgmma_wait<IN_FLIGHT - 1>();
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) add_step(ks0 - (IN_FLIGHT - 1) * GROUP + g);
         }
     }
     wgmma_wait<0>();
 #pragma unroll
-    for (int done = K_STEPS > DEPTH - 1 ? K_STEPS - (DEPTH - 1) : 0; done < K_STEPS; ++done) add_step(done);
+    for (int done = K_STEPS > DEPTH - GROUP ? K_STEPS - (DEPTH - GROUP) : 0; done < K_STEPS; ++done) add_step(done);
 }
 
 // x as an array of one (a product of NP = 1 out of an array of NP = 2).
@@ -318,12 +338,12 @@ __device__ __forceinline__ T (&just_one(T& x))[1] {
 // d = product `which` of two of the same shape, as words_by_rows (WORDS: A from kept
 // float32 words) or rows_by_rows (A from TF32 parts at a_addr) compute it among NP = 2:
 // a d_split pair's share, each warpgroup one product, in the same order.
-template <int PASSES, bool WORDS, int N, int K_STEPS, int A_ROWS, int B_ROWS, int DEPTH = 2>
+template <int PASSES, bool WORDS, int N, int K_STEPS, int A_ROWS, int B_ROWS, int DEPTH = 2, int GROUP = 1>
 __device__ __forceinline__ void one_of_two_products(float (&d)[N / 8][4], int which, const float4* const (&a_words)[2],
                                                     const unsigned (&a_addr)[2], unsigned a_part,
                                                     const unsigned (&b_addr)[2], unsigned b_part) {
     if constexpr (WORDS)
-        words_by_rows<1, N, K_STEPS, B_ROWS, DEPTH>(just_one(d), {which == 0 ? a_words[0] : a_words[1]},
+        words_by_rows<1, N, K_STEPS, B_ROWS, DEPTH, GROUP>(just_one(d), {which == 0 ? a_words[0] : a_words[1]},
                                                     {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
     else
         rows_by_rows<PASSES, 1, N, K_STEPS, A_ROWS, B_ROWS, false, DEPTH>(
