@@ -152,6 +152,7 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
     const int warp_row0 = wg_row0 + (warp % 4) * 16;
     const unsigned q_addr = wg_smem_addr(q_tile) + wg * 8 * 128;  // the warpgroup's 8 row groups
     const float4* q_words = reinterpret_cast<const float4*>(q_tile) + warp * K_STEPS * 32 + lane;  // Q_IN_REGISTERS
+    const unsigned top19 = L::Q_IN_REGISTERS ? biased_split_mask() : 0u;  // (Tf32Words::set_from_biased)
 
     fence_proxy_async();
     __syncthreads();  // Q's TF32 tiles written (and visible to wgmma)
@@ -211,12 +212,12 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
                 const auto k_big = wgmma_desc<BLOCK_N>(k_addr, ka);
                 const auto k_small = wgmma_desc<BLOCK_N>(k_addr, ka + KV_PART * 4);
                 if constexpr (L::Q_IN_REGISTERS) {
-                    // The same split as store_parts, so the products are those of the
-                    // shared-memory path.
-                    q_regs[ks % 2].set(0, q_next.x);
-                    q_regs[ks % 2].set(1, q_next.y);
-                    q_regs[ks % 2].set(2, q_next.z);
-                    q_regs[ks % 2].set(3, q_next.w);
+                    // The parts store_parts makes (set_from_biased from the kept
+                    // rounding-biased words), so the products are the shared-memory path's.
+                    q_regs[ks % 2].set_from_biased(0, q_next.x, top19);
+                    q_regs[ks % 2].set_from_biased(1, q_next.y, top19);
+                    q_regs[ks % 2].set_from_biased(2, q_next.z, top19);
+                    q_regs[ks % 2].set_from_biased(3, q_next.w, top19);
                     if (ks + 1 < K_STEPS) q_next = q_words[(ks + 1) * 32];
                     wgmma_fence();
                     WgS::template rs<false>(step[ks % 2], q_regs[ks % 2].small, k_big);

@@ -149,7 +149,9 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], unsigned a0, unsigned a1
 // hardware's choice), so small may lose the low bits of its own mantissa, an
 // error under 2^-21 |x| whose sign is small's, as often positive as negative.
 // Where the add overflows (NaN payloads near all ones) big is garbage, but
-// small = x - big is then NaN and carries it into the product.
+// small = x - big is then NaN and carries it into the product. A float32 word kept for
+// many splits (the wgmma kernels' a_words_global) is stored rounding-biased, once, and
+// split with two instructions each time (set_from_biased).
 template <int PASSES, int N>
 struct Tf32Words {
     unsigned big[N];
@@ -166,7 +168,42 @@ struct Tf32Words {
 #pragma unroll
         for (int i = 0; i < N; ++i) set(i, __uint_as_float(w[i]));
     }
+    // set(i, x) from rounding_biased(x) (below), in two instructions: big is the biased
+    // word as it is - its top 19 bits are x rounded as set rounds it, and wgmma reads
+    // those only (tests/test_precision_gpu.py; the H200's errors unchanged: BENCHMARKS.md,
+    // twenty-second session) - and small = biased - (rounded + the half unit).
+    // top19: 0xFFFFE000 in a register (biased_split_mask()), so that the mask and the or
+    // are one LOP3 (with both as immediates ptxas rebuilt the mask before each).
+    __device__ void set_from_biased(int i, float biased, unsigned top19) {
+        static_assert(PASSES == 3, "3xTF32 parts");
+        big[i] = __float_as_uint(biased);
+        small[i] = __float_as_uint(biased - __uint_as_float((big[i] & top19) | 0x1000u));
+    }
 };
+
+// Tf32Words::set_from_biased's mask, 0xFFFFE000, as a value ptxas cannot fold: given
+// the constant, it moved it into a register before every LOP3 (one more instruction a
+// word); the dynamic shared-memory size shifted right by 20 is 0 (no GPU has 1 MiB of it
+// per block), but only known at launch.
+__device__ __forceinline__ unsigned biased_split_mask() {
+    unsigned dynamic_smem;
+    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dynamic_smem));
+    return 0xFFFFE000u | (dynamic_smem >> 20);
+}
+
+// x plus half a TF32 unit in the last place of x rounded to TF32 (nearest, ties away, as
+// Tf32Words::set rounds), for a float32 word that a kernel keeps and splits many times
+// (a_words_global): its top 19 bits are then the rounded x, and x - rounded is the word
+// minus (those bits + the half unit), exact. Within x's binade that is an integer add of
+// 0x1000; where the rounding carries into the next power of two, x plus half of that
+// binade's unit, rounded (small then off by at most one float32 unit of x). Zero becomes
+// 0x1000's denormal, whose parts are both zero; NaN and inf stay NaN in small, as set
+// leaves them.
+__device__ __forceinline__ float rounding_biased(float x) {
+    const unsigned bits = __float_as_uint(x), up = bits + 0x1000u;
+    const float next_binade = x + __uint_as_float(up & 0xFF800000u) * (1.0f / 2048.0f);
+    return ((up ^ bits) & 0x7F800000u) == 0 ? __uint_as_float(up) : next_binade;
+}
 
 template <int PASSES>
 struct MmaTf32 {

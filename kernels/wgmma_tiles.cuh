@@ -12,7 +12,8 @@
 //   zero_transposed_rows  rows from some index on of a transposed tile, zeroed
 //   transpose_core_tile   a tile's transpose, words moved within shared memory
 //   a_words_global     float32 rows of global memory -> each lane's register A words of
-//                      every k-step, float32 (split into TF32 parts as they are used)
+//                      every k-step, float32 rounding-biased (mma.cuh, rounding_biased;
+//                      split into TF32 parts as they are used, set_from_biased)
 //   kept_tile_global   either of those two for a tile a block keeps (words or parts)
 //   rows_by_rows       d = A B^T, A 64 rows and B N rows of such tiles, in shared memory
 //   words_by_rows      the same (3xTF32), A from a_words_global's words through registers
@@ -126,7 +127,8 @@ __device__ __forceinline__ void transpose_core_tile(float* dst, const float* src
 // 16-row warp slice and k-step, a 16-byte word a lane, [warp][k-step][lane][4], with
 // (row g, column t) at 0, (g + 8, t) at 1, (g, t + 4) at 2, (g + 8, t + 4) at 3 (wgmma.cuh's
 // A layout). Reads are coalesced (a row's chunks in turn). Half the bytes of two TF32
-// parts: 3xTF32 splits each word where it is used (words_by_rows).
+// parts: 3xTF32 splits each word where it is used (words_by_rows), which takes two
+// instructions a word because each is stored rounding-biased (mma.cuh, rounding_biased).
 template <int K_STEPS>
 __device__ __forceinline__ int a_word_at(int r, int c) {  // row r, columns c..c+3 (c % 4 == 0): first word
     return ((r / 16) * K_STEPS + c / 8) * 128 + (r % 8) * 16 + (r % 16) / 8 + (c % 8) / 4 * 2;
@@ -140,10 +142,10 @@ __device__ __forceinline__ void a_words_global(float* tile, const float* src, lo
         [&](int i) { return load_chunk(src, stride, i / CHUNKS, i % CHUNKS * 4, valid_rows, valid_cols); },
         [&](int i, float4 x) {
             const int at = a_word_at<K_STEPS>(i / CHUNKS, i % CHUNKS * 4);
-            tile[at] = x.x;  // lane g * 4 + t holds column t: 4 consecutive columns, 4 lanes
-            tile[at + 4] = x.y;
-            tile[at + 8] = x.z;
-            tile[at + 12] = x.w;
+            tile[at] = rounding_biased(x.x);  // lane g * 4 + t holds column t: 4 consecutive columns, 4 lanes
+            tile[at + 4] = rounding_biased(x.y);
+            tile[at + 8] = rounding_biased(x.z);
+            tile[at + 12] = rounding_biased(x.w);
         });
 }
 
@@ -252,8 +254,10 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 // The register A operand of the k-step at accumulator block kb (slot order above).
 // rows_by_rows in 3xTF32 with each A_p from this warp's words of a_words_global's
 // tile (a_words[p]: this lane's word of k-step 0; k-step ks at a_words[p][ks * 32]),
-// split into TF32 parts per k-step in registers as store_parts splits them, so the
-// products, their order and the adds are rows_by_rows's. DEPTH sets of split words rotate, as the accumulators, and each k-step's words are read from shared memory
+// split into TF32 parts per k-step in registers (set_from_biased: store_parts' parts,
+// but where x's rounding carries into the next power of two, small within one
+// float32 unit of x), so the products, their order and the adds are rows_by_rows's.
+// DEPTH sets of split words rotate, as the accumulators, and each k-step's words are read from shared memory
 // one group ahead, before the wait for the last products: the wait's memory clobber
 // keeps a load after it, where the split would stall on its latency.
 // GROUP k-steps go out as one commit group, their products interleaved (each pass of
@@ -273,6 +277,7 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
     float step[DEPTH][NP][N / 8][4];
     Tf32Words<3, 4> a[DEPTH][NP];  // a k-step's A words stay until its products land
     float4 words[GROUP][NP];       // the next group's
+    const unsigned top19 = biased_split_mask();
     auto add_step = [&](int done) {  // k-step `done`'s products, landed, into d
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
@@ -293,10 +298,10 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
 #pragma unroll
             for (int p = 0; p < NP; ++p) {
                 Tf32Words<3, 4>& w = a[(ks0 + g) % DEPTH][p];
-                w.set(0, words[g][p].x);
-                w.set(1, words[g][p].y);
-                w.set(2, words[g][p].z);
-                w.set(3, words[g][p].w);
+                w.set_from_biased(0, words[g][p].x, top19);
+                w.set_from_biased(1, words[g][p].y, top19);
+                w.set_from_biased(2, words[g][p].z, top19);
+                w.set_from_biased(3, words[g][p].w, top19);
                 if (ks0 + GROUP + g < K_STEPS) words[g][p] = a_words[p][(ks0 + GROUP + g) * 32];
             }
         wgmma_fence();

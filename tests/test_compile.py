@@ -254,6 +254,14 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
         wgmmas = [i for i, line in enumerate(lines) if "HGMMA" in line]
         uniform_bit_ops = sum("USHF" in line or "ULOP3" in line for line in lines[wgmmas[0]:wgmmas[-1]])
         assert uniform_bit_ops < len(wgmmas), (uniform_bit_ops, len(wgmmas))
+        # 3xTF32's kept float32 words (fp32 from head dim 128) split in two instructions a
+        # word (mma.cuh, rounding_biased / set_from_biased): the mask-and-or LOP3 (0x1000)
+        # for each of the 4 words of every k-step of a score product, with the mask in a
+        # register, not moved into one before each LOP3.
+        if precision == "fp32" and d >= 128:
+            biased_splits = sum(bool(re.search(r"LOP3\.LUT .*0x1000", line)) for line in lines)
+            assert biased_splits >= 4 * (d // 8), biased_splits
+            assert not any(re.search(r"IMAD\.MOV\.U32 R\d+, RZ, RZ, -0x2000", line) for line in lines)
         # The tiles a block keeps load 8 chunks at a time (load_then_store, load_float4_if):
         # the first eight 16-byte loads within 39-63 instructions, not one load and the wait
         # for it at a time (177-224 instructions when each load sat in a branch of its own).

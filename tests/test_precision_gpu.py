@@ -478,3 +478,61 @@ def _check_fp32_backward_error(causal, D, wgmma):
         err = float(np.abs(testing.to_host(g).astype(np.float64) - r).max())
         numpy_f32 = float(np.abs(np.asarray(r32, np.float64) - r).max())
         assert err <= FP32_OVER_NUMPY * numpy_f32, (name, err, numpy_f32)
+
+
+_SPLIT_PROBE = r"""
+#include "mma.cuh"
+using namespace cupyattn;
+// Each x split as Tf32Words::set does, and as the kept words' path does (rounding_biased
+// once, set_from_biased at every use): big and small of each, 4 words an x.
+extern "C" __global__ void both_splits(const float* x, unsigned* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    Tf32Words<3, 1> plain, biased;
+    plain.set(0, x[i]);
+    biased.set_from_biased(0, rounding_biased(x[i]), biased_split_mask());
+    out[4 * i] = plain.big[0];
+    out[4 * i + 1] = plain.small[0];
+    out[4 * i + 2] = biased.big[0];
+    out[4 * i + 3] = biased.small[0];
+}
+"""
+
+
+def test_kept_words_split_into_the_parts_that_set_makes():
+    """The kept float32 words' two-instruction split (mma.cuh: rounding_biased, then
+    set_from_biased at each use) against Tf32Words::set's three-instruction one: big's
+    top 19 bits, which are all that wgmma reads of it, are set's big; small is set's
+    small, bit for bit within x's binade and within one float32 unit of x where the
+    rounding carries into the next power of two; zero splits into zeros; NaN and inf
+    leave small NaN in both."""
+    import cupy
+
+    from cupyattn import compile as cc
+
+    rng = np.random.default_rng(22)
+    normal = np.ldexp(rng.standard_normal(4096), rng.integers(-60, 60, 4096)).astype(np.float32)
+    # Rounding ties and carries: mantissas with the low 13 bits at 0x1000 (ties, away from
+    # zero) and with the top 11 all ones (rounding up to the next power of two).
+    mantissa = rng.integers(0, 2**23, 2048, dtype=np.uint32)
+    exponent = rng.integers(1, 254, 2048, dtype=np.uint32) << 23
+    ties = (exponent[:1024] | (mantissa[:1024] & ~np.uint32(0x1FFF)) | 0x1000).view(np.float32)
+    carries = (exponent[1024:] | 0x7FF000 | (mantissa[1024:] & 0xFFF)).view(np.float32)
+    special = np.array([0.0, -0.0, 1e-40, -3e-39, 1.0, -1.0, np.inf, -np.inf, np.nan], np.float32)
+    x = np.concatenate([normal, ties, carries, -carries, special]).astype(np.float32)
+    module = cupy.RawModule(code=cc.hashed_source(_SPLIT_PROBE),
+                            options=cc.NVRTC_OPTIONS + (f"-I{cc.kernels_dir()}",))
+    out = cupy.zeros(4 * x.size, dtype=cupy.uint32)
+    module.get_function("both_splits")(((x.size + 127) // 128,), (128,), (cupy.asarray(x), out, np.int32(x.size)))
+    plain_big, plain_small, big, small = out.get().reshape(-1, 4).T
+    finite = np.isfinite(x)
+    np.testing.assert_array_equal(big[finite] & 0xFFFFE000, plain_big[finite])
+    crossing = finite & ((((x.view(np.uint32) + 0x1000) ^ x.view(np.uint32)) & 0x7F800000) != 0)
+    assert crossing.sum() >= 2000  # the carries above (and their negatives)
+    same = finite & ~crossing
+    np.testing.assert_array_equal(small[same], plain_small[same])
+    off = np.abs(small[crossing].view(np.float32).astype(np.float64) - plain_small[crossing].view(np.float32))
+    assert (off <= np.spacing(np.abs(x[crossing]))).all(), (off / np.spacing(np.abs(x[crossing]))).max()
+    zero = x == 0
+    assert ((big[zero] & 0x7FFFE000) == 0).all() and (small[zero].view(np.float32) == 0).all()
+    assert np.isnan(small[~finite].view(np.float32)).all() and np.isnan(plain_small[~finite].view(np.float32)).all()
