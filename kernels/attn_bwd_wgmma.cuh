@@ -347,19 +347,30 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // group, tile i % m_tiles after it.
     const unsigned char* staged = reinterpret_cast<const unsigned char*>(q_staged) +
                                   ((b * n_heads_q + h_kv * group) * n_q_tiles + m_begin / BLOCK_M) * L::STAGE_BYTES;
-    // Thread 0 only: bytes [from, to) of item's staged query tile into its stage.
-    auto copy = [&](int item, int from, int to, unsigned long long* bar) {
-        const long long tile = (long long)(item / m_tiles) * n_q_tiles + item % m_tiles;
-        bulk_copy_to_shared(q_tiles + item % STAGES * L::STAGE_BYTES + from, staged + tile * L::STAGE_BYTES + from,
-                            to - from, bar);
+    // Item i's query head of the group (i / m_tiles), its query tile (i % m_tiles) and
+    // that staged tile's index from `staged` on, item after item without a division: a
+    // division at each fetch cost the fetching thread ~30 instructions and a MUFU round
+    // trip, and the rest of the block waits for its warp at the next wgmma.
+    struct ItemAt {
+        int head, m;
+        long long tile;
+    };
+    auto after = [&](ItemAt at) {
+        return at.m + 1 < m_tiles ? ItemAt{at.head, at.m + 1, at.tile + 1}
+                                  : ItemAt{at.head + 1, 0, at.tile + 1 + (n_q_tiles - m_tiles)};
+    };
+    // Thread 0 only: bytes [from, to) of item's staged query tile (at `at`) into its stage.
+    auto copy = [&](int item, ItemAt at, int from, int to, unsigned long long* bar) {
+        bulk_copy_to_shared(q_tiles + item % STAGES * L::STAGE_BYTES + from,
+                            staged + at.tile * L::STAGE_BYTES + from, to - from, bar);
     };
     // One stage (L::SPLIT_STAGE): Q and dO land on barriers[0], Q^T, dO^T, lse and delta on
     // barriers[1]. The next item's Q and dO copy once every warpgroup has S^T and dP^T,
     // while this item's dV and dK are done; its Q^T and dO^T once those are done, while
     // its S^T and dP^T are. Two stages: a whole stage on its barrier, one item ahead.
-    auto fetch_rows = [&](int item) { copy(item, 0, L::ROWS_HALF, &barriers[0]); };
-    auto fetch_transposed = [&](int item) { copy(item, L::ROWS_HALF, L::STAGE_BYTES, &barriers[1]); };
-    auto fetch = [&](int item) { copy(item, 0, L::STAGE_BYTES, &barriers[item % STAGES]); };
+    auto fetch_rows = [&](int item, ItemAt at) { copy(item, at, 0, L::ROWS_HALF, &barriers[0]); };
+    auto fetch_transposed = [&](int item, ItemAt at) { copy(item, at, L::ROWS_HALF, L::STAGE_BYTES, &barriers[1]); };
+    auto fetch = [&](int item, ItemAt at) { copy(item, at, 0, L::STAGE_BYTES, &barriers[item % STAGES]); };
     // L::RING: an item's tiles r = 0..3 (dO, Q, dO^T with lse and delta, Q^T) are the ring's
     // tiles 4 item + r, tile i in slot i % 3 on that slot's barrier (phase i / 3). Tile i
     // is fetched once tile i - 3 is used: dO^T when an item begins (the last item's dK
@@ -368,12 +379,11 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // (dO) goes first, so that Q lands while it runs; dV (dO^T) before dK, so that Q^T
     // lands while it runs.
     auto ring_slot = [&](int i) { return q_tiles + i % L::RING_SLOTS * L::RING_SLOT; };
-    auto ring_fetch = [&](int item, int r) {
+    auto ring_fetch = [&](int item, ItemAt at, int r) {
         constexpr int TILE_M = L::TILE_M;
         const int from = r == 0 ? TILE_M : r == 1 ? 0 : r == 2 ? 3 * TILE_M : 2 * TILE_M;  // in the staged tile
-        const long long tile = (long long)(item / m_tiles) * n_q_tiles + item % m_tiles;
         const int i = 4 * item + r;
-        bulk_copy_to_shared(ring_slot(i), staged + tile * L::STAGE_BYTES + from,
+        bulk_copy_to_shared(ring_slot(i), staged + at.tile * L::STAGE_BYTES + from,
                             r == 2 ? TILE_M + L::ROWWISE_BYTES : TILE_M, &barriers[i % L::RING_SLOTS]);
     };
     auto ring_wait = [&](int item, int r) {
@@ -381,17 +391,19 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         mbarrier_wait(&barriers[i % L::RING_SLOTS], i / L::RING_SLOTS % 2);
     };
     init_mbarriers<L::BARRIER_COUNT>(barriers);
+    ItemAt at{0, 0, 0};  // item's (item 0's)
     if (threadIdx.x == 0) {
         if constexpr (L::RING) {
             if (n_items > 0)
-                for (int r = 0; r < 3; ++r) ring_fetch(0, r);
+                for (int r = 0; r < 3; ++r) ring_fetch(0, at, r);
         } else if constexpr (L::SPLIT_STAGE) {
             if (n_items > 0) {
-                fetch_rows(0);
-                fetch_transposed(0);
+                fetch_rows(0, at);
+                fetch_transposed(0, at);
             }
         } else {
-            for (int item = 0; item < STAGES && item < n_items; ++item) fetch(item);
+            ItemAt first = at;
+            for (int item = 0; item < STAGES && item < n_items; ++item, first = after(first)) fetch(item, first);
         }
     }
 
@@ -427,19 +439,21 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     __syncthreads();  // K's and V's TF32 tiles (and K^T) written (and visible to wgmma)
 
     for (int item = 0; item < n_items; ++item) {
+        if (item > 0) at = after(at);
         if (item > 0) {
             // Every warpgroup is done with the last item's stage (one stage: its second
             // half) and its dS.
             __syncthreads();
             if constexpr (L::RING) {
-                if (threadIdx.x == 0) ring_fetch(item, 2);
+                if (threadIdx.x == 0) ring_fetch(item, at, 2);
             } else if constexpr (L::SPLIT_STAGE) {
-                if (threadIdx.x == 0) fetch_transposed(item);
+                if (threadIdx.x == 0) fetch_transposed(item, at);
             } else {
-                if (threadIdx.x == 0 && item - 1 + STAGES < n_items) fetch(item - 1 + STAGES);
+                static_assert(STAGES == 2 || L::RING || L::SPLIT_STAGE, "two stages: item + 1 is fetched here");
+                if (threadIdx.x == 0 && item - 1 + STAGES < n_items) fetch(item - 1 + STAGES, after(at));
             }
         }
-        const int m0 = m_begin + (item % m_tiles) * BLOCK_M;
+        const int m0 = m_begin + at.m * BLOCK_M;
         // A warpgroup whose keys are all past the end or after every query's diagonal
         // has nothing to add (uniform per warpgroup, as wgmma needs). With one stage it
         // computes S^T and dP^T all the same and meets the others at the barrier below
@@ -488,8 +502,8 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
                 __syncthreads();  // (with two stages, the next item's first barrier orders them)
             if constexpr (L::RING) {
                 if (threadIdx.x == 0) {
-                    ring_fetch(item, 3);
-                    if (item + 1 < n_items) ring_fetch(item + 1, 0);
+                    ring_fetch(item, at, 3);
+                    if (item + 1 < n_items) ring_fetch(item + 1, after(at), 0);
                 }
                 ring_wait(item, 2);
             }
@@ -502,8 +516,8 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
                 sdp[0], 0, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             __syncthreads();  // every warpgroup is done with dO and Q
             if (threadIdx.x == 0) {
-                ring_fetch(item, 3);
-                if (item + 1 < n_items) ring_fetch(item + 1, 0);
+                ring_fetch(item, at, 3);
+                if (item + 1 < n_items) ring_fetch(item + 1, after(at), 0);
             }
             if (idle) continue;
             ring_wait(item, 2);
@@ -518,7 +532,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         }
         if constexpr (L::SPLIT_STAGE) {
             if constexpr (D_SPLIT == 1) __syncthreads();  // every warpgroup is done with Q and dO
-            if (threadIdx.x == 0 && item + 1 < n_items) fetch_rows(item + 1);
+            if (threadIdx.x == 0 && item + 1 < n_items) fetch_rows(item + 1, after(at));
             if (idle) continue;
             mbarrier_wait(&barriers[1], item % 2);
         }
@@ -555,7 +569,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             const int last_key = min(seqlen_k - 1, CAUSAL ? m0 + BLOCK_M - 1 + causal_offset : seqlen_k - 1);
             const int adding_key_wgs = min(BLOCK_N / 64, max(0, last_key - n0) / 64 + 1);
             leading_threads_barrier(5, adding_key_wgs * D_SPLIT * 128);
-            if (threadIdx.x == 0 && item + 1 < n_items) ring_fetch(item + 1, 1);
+            if (threadIdx.x == 0 && item + 1 < n_items) ring_fetch(item + 1, after(at), 1);
             ring_wait(item, 3);
             regs_by_transposed<PASSES, 1, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(just_one(acc[1]), just_one(a[1]), {qt_addr},
                                                                          Q_PART * 4);
@@ -582,7 +596,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
                                                                                 Q_PART * 4);
                 dq_of_keys<PASSES, D_PAD, BLOCK_M, BLOCK_N, false>(dqt, kt_addr, wg_smem_addr(ds));
             }
-            const int h_q = h_kv * group + item / m_tiles;
+            const int h_q = h_kv * group + at.head;
             add_dq_rows<D_PAD, BLOCK_M>(dq.dq + b * dq.sb + h_q * dq.sh + (long long)m0 * dq.ss, dq.ss, dqt, ds, scale,
                                         seqlen_q - m0, head_dim, wg, lane);
         }

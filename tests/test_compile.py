@@ -254,6 +254,10 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
         wgmmas = [i for i, line in enumerate(lines) if "HGMMA" in line]
         uniform_bit_ops = sum("USHF" in line or "ULOP3" in line for line in lines[wgmmas[0]:wgmmas[-1]])
         assert uniform_bit_ops < len(wgmmas), (uniform_bit_ops, len(wgmmas))
+        # No integer division (a MUFU.RCP sequence) among the wgmmas: dK/dV finds each
+        # item's staged query tile with a running cursor, not item / m_tiles at every
+        # fetch (in the fetching warp, which the block's next wgmma waits for).
+        assert not any("MUFU.RCP" in line for line in lines[wgmmas[0]:wgmmas[-1]])
         # 3xTF32's kept float32 words (fp32 from head dim 128) split in two instructions a
         # word (mma.cuh, rounding_biased / set_from_biased): the mask-and-or LOP3 (0x1000)
         # for each of the 4 words of every k-step of a score product, with the mask in a
