@@ -439,7 +439,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     __syncthreads();  // K's and V's TF32 tiles (and K^T) written (and visible to wgmma)
 
     for (int item = 0; item < n_items; ++item) {
-        if (item > 0) at = after(at);
+        if (item > 0) at = after(at);  // (inside the block below it changed the fused kernels' SASS: unmeasured)
         if (item > 0) {
             // Every warpgroup is done with the last item's stage (one stage: its second
             // half) and its dS.

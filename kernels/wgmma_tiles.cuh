@@ -257,9 +257,10 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 // split into TF32 parts per k-step in registers (set_from_biased: store_parts' parts,
 // but where x's rounding carries into the next power of two, small within one
 // float32 unit of x), so the products, their order and the adds are rows_by_rows's.
-// DEPTH sets of split words rotate, as the accumulators, and each k-step's words are read from shared memory
-// one group ahead, before the wait for the last products: the wait's memory clobber
-// keeps a load after it, where the split would stall on its latency.
+// DEPTH sets of split words rotate, as the accumulators, and each k-step's words are
+// read from shared memory one group ahead, before the wait for the last products: the
+// wait's memory clobber keeps a load after it, where the split would stall on its
+// latency.
 // GROUP k-steps go out as one commit group, their products interleaved (each pass of
 // every k-step, then the next pass), so that no two wgmmas in a row add into the same
 // accumulator; DEPTH / GROUP groups are in flight. Each accumulator takes the same
