@@ -301,10 +301,6 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // 128 without a pair ((16,128,8) and (16,64,4) at 128, K and V as words, spilled
     // 528-984 bytes at 4; neither is planned: rule_audit.py --admitted, nineteenth session).
     constexpr int SCORE_DEPTH = PASSES == 3 && BLOCK_M == 16 && (D_SPLIT == 2 ? D_WG <= 128 : D_WG < 128) ? 4 : 2;
-    // 4 deep: k-steps two at a time, their wgmmas interleaved (words_by_rows' GROUP): the
-    // tensor cores then never take an n16 wgmma that adds into the one just issued
-    // ("fp32" D=256 backward -2..-3%, the same bits: twenty-second session).
-    constexpr int SCORE_GROUP = SCORE_DEPTH == 4 ? 2 : 1;
     static_assert(NUM_WARPS % 4 == 0 && BLOCK_N % 64 == 0 && BLOCK_N * D_SPLIT == 16 * NUM_WARPS &&
                   (D_SPLIT == 1 || D_SPLIT == 2), "each warpgroup owns 64 keys, one or two share them");
     static_assert(D_WG % 16 == 0 && (!FUSED || D_SPLIT == 1), "a warpgroup's columns");
@@ -495,7 +491,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             } else {
                 mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
             }
-            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH, SCORE_GROUP>(
+            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH>(
                 own, product, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             swap_pair_products(sdp, own, swap, product, warp % 4, lane);
             if constexpr (L::RING || L::SPLIT_STAGE)
@@ -509,10 +505,10 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             }
         } else if constexpr (L::RING) {
             ring_wait(item, 0);
-            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH, SCORE_GROUP>(
+            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH>(
                 sdp[1], 1, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             ring_wait(item, 1);
-            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH, SCORE_GROUP>(
+            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH>(
                 sdp[0], 0, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             __syncthreads();  // every warpgroup is done with dO and Q
             if (threadIdx.x == 0) {
@@ -524,8 +520,8 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         } else {
             mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
             if constexpr (L::KV_IN_REGISTERS)
-                words_by_rows<2, BLOCK_M, K_STEPS, BLOCK_M, SCORE_DEPTH, SCORE_GROUP>(sdp, {k_words, v_words},
-                                                                                     {q_addr, do_addr}, Q_PART * 4);
+                words_by_rows<2, BLOCK_M, K_STEPS, BLOCK_M, SCORE_DEPTH>(sdp, {k_words, v_words}, {q_addr, do_addr},
+                                                                        Q_PART * 4);
             else
                 rows_by_rows<PASSES, 2, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, false, SCORE_DEPTH>(
                     sdp, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
@@ -675,7 +671,6 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     // As dK/dV's; at 144-160 of dQ's columns a warpgroup, 3 (4 took 248-255 registers);
     // above, 2 ((64,16,4) at 240-256 spilled 108-252 bytes at 3).
     constexpr int SCORE_DEPTH = PASSES == 3 && BLOCK_N == 16 ? (D_WG <= 128 ? 4 : D_WG <= 160 ? 3 : 2) : 2;
-    constexpr int SCORE_GROUP = SCORE_DEPTH == 4 ? 2 : 1;  // (as dK/dV's)
     static_assert(NUM_WARPS % 4 == 0 && BLOCK_M * D_SPLIT == 16 * NUM_WARPS && (D_SPLIT == 1 || BLOCK_M == 64),
                   "each warpgroup owns 64 query rows, or a pair (the only one of its block) shares them");
     static_assert(D_WG % 16 == 0, "a warpgroup's columns");
@@ -790,7 +785,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 // these reads before the copies that refill the tiles.
                 const int product = wg % 2;  // 0: S, 1: dP
                 float own[N_BLOCKS][4];
-                one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N, SCORE_DEPTH, SCORE_GROUP>(
+                one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N, SCORE_DEPTH>(
                     own, product, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
                 float4* const swap[2] = {reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES),
                                          reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES + L::TILE_N)};
@@ -812,8 +807,8 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(
                     sdp[1], 1, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
             } else if constexpr (L::Q_IN_REGISTERS)
-                words_by_rows<2, BLOCK_N, K_STEPS, BLOCK_N, SCORE_DEPTH, SCORE_GROUP>(sdp, {q_words, do_words},
-                                                                                     {k_addr, v_addr}, KV_PART * 4);
+                words_by_rows<2, BLOCK_N, K_STEPS, BLOCK_N, SCORE_DEPTH>(sdp, {q_words, do_words}, {k_addr, v_addr},
+                                                                        KV_PART * 4);
             else
                 rows_by_rows<PASSES, 2, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N, false, SCORE_DEPTH>(
                     sdp, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);

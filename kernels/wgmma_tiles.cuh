@@ -264,8 +264,10 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 // GROUP k-steps go out as one commit group, their products interleaved (each pass of
 // every k-step, then the next pass), so that no two wgmmas in a row add into the same
 // accumulator; DEPTH / GROUP groups are in flight. Each accumulator takes the same
-// products in the same order and is added in k order: the same bits for any GROUP.
-template <int NP, int N, int K_STEPS, int B_ROWS, int DEPTH = 2, int GROUP = 1>
+// products in the same order and is added in k order: the same bits for any GROUP. 4
+// deep (the "fp32" D=256 score products, n16), two at a time: "fp32" D=256 backward
+// -2..-3% (twenty-second session).
+template <int NP, int N, int K_STEPS, int B_ROWS, int DEPTH = 2, int GROUP = (DEPTH == 4 ? 2 : 1)>
 __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const float4* const (&a_words)[NP],
                                               const unsigned (&b_addr)[NP], unsigned b_part) {
     using Wg = WgmmaTf32<N>;
@@ -344,12 +346,12 @@ __device__ __forceinline__ T (&just_one(T& x))[1] {
 // d = product `which` of two of the same shape, as words_by_rows (WORDS: A from kept
 // float32 words) or rows_by_rows (A from TF32 parts at a_addr) compute it among NP = 2:
 // a d_split pair's share, each warpgroup one product, in the same order.
-template <int PASSES, bool WORDS, int N, int K_STEPS, int A_ROWS, int B_ROWS, int DEPTH = 2, int GROUP = 1>
+template <int PASSES, bool WORDS, int N, int K_STEPS, int A_ROWS, int B_ROWS, int DEPTH = 2>
 __device__ __forceinline__ void one_of_two_products(float (&d)[N / 8][4], int which, const float4* const (&a_words)[2],
                                                     const unsigned (&a_addr)[2], unsigned a_part,
                                                     const unsigned (&b_addr)[2], unsigned b_part) {
     if constexpr (WORDS)
-        words_by_rows<1, N, K_STEPS, B_ROWS, DEPTH, GROUP>(just_one(d), {which == 0 ? a_words[0] : a_words[1]},
+        words_by_rows<1, N, K_STEPS, B_ROWS, DEPTH>(just_one(d), {which == 0 ? a_words[0] : a_words[1]},
                                                     {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
     else
         rows_by_rows<PASSES, 1, N, K_STEPS, A_ROWS, B_ROWS, false, DEPTH>(
