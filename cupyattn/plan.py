@@ -406,10 +406,13 @@ class WgmmaConfig:
         memory beside the tiles a block keeps, else one (``_staged_tiles``)."""
         return self.layout["barriers"].shape[0]
 
-    def _staged_tiles(self, builder: LayoutBuilder, name: str, what: str, shape: tuple) -> LayoutBuilder:
+    def _staged_tiles(self, builder: LayoutBuilder, name: str, what: str, shape: tuple,
+                      free_barriers: bool = False) -> LayoutBuilder:
         """After the tiles a block keeps: one or two copies of the tile ``staging`` writes
         (two where they fit; kernels/wgmma_staging.cuh, stages_that_fit), and the
-        mbarriers that count its bytes (BARRIERS per stage: the operands that land apart)."""
+        mbarriers that count its bytes (BARRIERS per stage: the operands that land apart;
+        with one stage and ``free_barriers``, two more that count the consumer warps done
+        with each part, for a producer warpgroup)."""
         staging = self.staging
         two = builder.end + 2 * (staging.tile_bytes + self.BARRIERS * 8) <= SM90_SMEM_PER_BLOCK
         stages = 2 if two else 1
@@ -417,6 +420,10 @@ class WgmmaConfig:
                               f"{stages} stage{'s' if two else ''} of {what}; {self._parts_text} in core-matrix "
                               f"order, copied whole (cp.async.bulk) from {staging.kernel_name}'s tiles")
         if stages == 1 and self.SPLIT_ONE_STAGE:
+            if free_barriers:
+                return builder.add("barriers", (1, 4), "uint64", f"mbarriers: the stage's two parts "
+                                   f"({self.SPLIT_ONE_STAGE}) have landed; each is free again (the producer "
+                                   f"warpgroup's cue)")
             return builder.add("barriers", (1, 2), "uint64", f"mbarriers: the stage's two parts "
                                f"({self.SPLIT_ONE_STAGE}) have landed (each copied while the other is in use)")
         return builder.add("barriers", (stages, self.BARRIERS), "uint64", "mbarriers: a stage's copies have landed")
@@ -676,7 +683,8 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
                 f"through which a query tile's dO, Q, dO^T (with lse * log2(e) and delta per row) and Q^T pass in "
                 f"turn, each slot refilled once its tile is used; {self._parts_text} in core-matrix order, copied "
                 f"(cp.async.bulk) from {self.staging.kernel_name}'s tiles").add(
-                "barriers", (1, 3), "uint64", "mbarriers: a ring slot's tile has landed").build()
+                "barriers", (1, 6 if self.producer_warp else 3), "uint64", "mbarriers: a ring slot's tile has landed"
+                + ("; a slot is free again (the producer warpgroup's cue)" if self.producer_warp else "")).build()
         return self._staged_tiles(self._kept_tiles(), "q_tiles", "a query tile's Q, dO, Q^T and dO^T "
                                   "(transposed: the B operands of dK = dS^T Q and dV = P^T dO), then "
                                   "lse * log2(e) and delta per row", (4 * self.parts * m * d + 2 * m,)).build()
@@ -687,7 +695,24 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
             return None
         return (f"two warpgroups share each 64 keys, each keeping dK's and dV's {self.head_dim_pad // 2} of "
                 f"{self.head_dim_pad} columns; the first computes S^T, the second dP^T, and they swap them "
-                f"through shared memory")
+                f"through shared memory" + ("; a third warpgroup issues the ring's copies" if self.producer_warp
+                                            else ""))
+
+    @property
+    def producer_warp(self) -> bool:
+        """A pair of warpgroups (d_split 2) whose query tiles stream through the ring: a
+        third warpgroup issues the ring's copies as the consumer warps free its slots
+        (kernels/attn_bwd_wgmma.cuh, dkdv_producer_warp), where they met at block
+        barriers before. 3xTF32 ("fp32") only: one TF32 pass measured slower with it."""
+        return self.d_split == 2 and self.ring and self.parts == 2
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32 + (128 if self.producer_warp else 0)
+
+    @property
+    def layout_expression(self) -> str:
+        return super().layout_expression[:-1] + (", true>" if self.producer_warp else ">")
 
     @property
     def ring(self) -> bool:
@@ -835,7 +860,26 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
             return None
         return (f"two warpgroups share the 64 query rows, each keeping dQ's {self.head_dim_pad // 2} of "
                 f"{self.head_dim_pad} columns; the first computes S, the second dP, and they swap them "
-                f"through shared memory")
+                f"through shared memory" + ("; a third warpgroup issues the copies" if self.producer_warp else ""))
+
+    @functools.cached_property
+    def producer_warp(self) -> bool:
+        """A pair of warpgroups (d_split 2) with one stage: a producer warpgroup issues the stage's
+        copies as the consumer warps free its parts (kernels/attn_bwd_wgmma.cuh,
+        dq_producer_warp), where they met at a block barrier before."""
+        if self.d_split != 2:
+            return False
+        staging = self.staging
+        kept = 2 * (1 if self.q_in_registers else self.parts) * self.block_m * self.head_dim_pad * 4
+        return kept + 2 * (staging.tile_bytes + self.BARRIERS * 8) > SM90_SMEM_PER_BLOCK
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32 + (128 if self.producer_warp else 0)
+
+    @property
+    def layout_expression(self) -> str:
+        return super().layout_expression[:-1] + (", true>" if self.producer_warp else ">")
 
     @property
     def valid(self) -> bool:
@@ -867,7 +911,7 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
             b = self._tf32_tile(LayoutBuilder(), "q_tile", (m, d))
             b = self._tf32_tile(b, "do_tile", (m, d))
         return self._staged_tiles(b, "kv_tiles", "a key tile's K, V and K^T (K transposed: the B operand "
-                                  "of dQ = dS K)", (3, self.parts, n, d)).build()
+                                  "of dQ = dS K)", (3, self.parts, n, d), free_barriers=self.producer_warp).build()
 
     @property
     def staging(self) -> StagingConfig:

@@ -67,7 +67,9 @@
 
 namespace cupyattn {
 
-template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
+// PRODUCER: the ring, and a producer warpgroup that issues its copies as the consumers
+// free its slots (dkdv_wgmma): three "free" mbarriers after the three "landed" ones.
+template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, bool PRODUCER = false>
 struct BwdDkdvWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
     static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4, TILE_M = PARTS * BLOCK_M * D_PAD * 4;
@@ -93,7 +95,9 @@ struct BwdDkdvWgmmaLayout {
     // barrier, so that one half copies while the other is in use (dkdv_wgmma).
     static constexpr bool SPLIT_STAGE = STAGES == 1 && !RING;
     static constexpr int ROWS_HALF = 2 * TILE_M;  // Q and dO: the bytes of a stage's first half
-    static constexpr int BARRIER_COUNT = RING ? RING_SLOTS : SPLIT_STAGE ? 2 : STAGES;
+    static_assert(!PRODUCER || RING, "a producer warpgroup for the ring");
+    static constexpr bool HAS_PRODUCER = PRODUCER;
+    static constexpr int BARRIER_COUNT = RING ? (PRODUCER ? 2 : 1) * RING_SLOTS : SPLIT_STAGE ? 2 : STAGES;
     static constexpr int k_tile = 0;
     static constexpr int v_tile = k_tile + TILE_KV;
     static constexpr int q_tiles = v_tile + TILE_KV;
@@ -112,6 +116,7 @@ struct BwdFusedWgmmaLayout {
     static constexpr bool KV_IN_REGISTERS = false;  // K's core-matrix tile is transposed into K^T
     static constexpr int STAGE_BYTES = Dkdv::STAGE_BYTES;
     static constexpr bool RING = false;  // (no tile that needs it fits beside K^T)
+    static constexpr bool HAS_PRODUCER = false;
     static constexpr int ROWWISE_BYTES = Dkdv::ROWWISE_BYTES, RING_SLOTS = Dkdv::RING_SLOTS,
                          RING_SLOT = Dkdv::RING_SLOT;
     static constexpr int DS_TILE = PARTS * BLOCK_M * 64 * 4;  // one warpgroup's dS
@@ -130,7 +135,9 @@ struct BwdFusedWgmmaLayout {
     static constexpr int offsets[num_buffers] = {k_tile, v_tile, kt_tile, ds_tiles, q_tiles, barriers};
 };
 
-template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N>
+// PRODUCER: one stage, and a producer warpgroup that issues its copies as the consumers free
+// its parts (attn_bwd_dq_wgmma): two "free" mbarriers after the two "landed" ones.
+template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, bool PRODUCER = false>
 struct BwdDqWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
     // 3xTF32 from head dim 128: Q and dO kept once as float32 in each lane's register A
@@ -145,7 +152,8 @@ struct BwdDqWgmmaLayout {
     // copies while the other is in use (as dK/dV's halves; attn_bwd_dq_wgmma).
     static constexpr bool SPLIT_STAGE = STAGES == 1;
     static constexpr int KV_PART_BYTES = 2 * TILE_N;  // K and V: the bytes of a stage's first part
-    static constexpr int BARRIER_COUNT = SPLIT_STAGE ? 2 : STAGES;
+    static_assert(!PRODUCER || SPLIT_STAGE, "a producer warpgroup for one stage's two parts");
+    static constexpr int BARRIER_COUNT = SPLIT_STAGE ? (PRODUCER ? 4 : 2) : STAGES;
     static constexpr int q_tile = 0;
     static constexpr int do_tile = q_tile + TILE_M;
     static constexpr int kv_tiles = do_tile + TILE_M;
@@ -311,6 +319,8 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     constexpr int KV_PART = BLOCK_N * D_PAD, Q_PART = BLOCK_M * D_PAD;  // words per TF32 part
 
     constexpr int STAGES = L::STAGES;
+    constexpr bool PRODUCER = L::HAS_PRODUCER;  // (dkdv_producer_warp)
+    static_assert(!PRODUCER || (D_SPLIT == 2 && !FUSED), "the producer warpgroup serves a pair's ring");
 
     extern __shared__ __align__(128) unsigned char smem[];
     float* k_tile = reinterpret_cast<float*>(smem + L::k_tile);
@@ -386,9 +396,29 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         const int i = 4 * item + r;
         mbarrier_wait(&barriers[i % L::RING_SLOTS], i / L::RING_SLOTS % 2);
     };
-    init_mbarriers<L::BARRIER_COUNT>(barriers);
+    // PRODUCER: ring_free[s] completes a phase when every consumer warp is done with the
+    // tile in slot s (ring tile i's the (i / 3)-th).
+    unsigned long long* const ring_free = barriers + L::RING_SLOTS;
+    init_mbarriers<PRODUCER ? L::RING_SLOTS : L::BARRIER_COUNT, PRODUCER ? L::RING_SLOTS : 0, NUM_WARPS>(barriers);
     ItemAt at{0, 0, 0};  // item's (item 0's)
-    if (threadIdx.x == 0) {
+    if constexpr (PRODUCER) {
+        // As attn_bwd_dq_wgmma's producer: registers to the consumers (128 x 40 + 256 x
+        // 232 = 384 x 168), every ring tile fetched once the tile three before it is free.
+        if (warp >= NUM_WARPS) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+            if (warp == NUM_WARPS && lane == 0) {
+                ItemAt fetched = at;
+                for (int item = 0; item < n_items; ++item, fetched = after(fetched))
+                    for (int r = 0; r < 4; ++r) {
+                        const int i = 4 * item + r;
+                        if (i >= L::RING_SLOTS) mbarrier_wait(&ring_free[i % L::RING_SLOTS], (i / L::RING_SLOTS - 1) % 2);
+                        ring_fetch(item, fetched, r);
+                    }
+            }
+            return;
+        }
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    } else if (threadIdx.x == 0) {
         if constexpr (L::RING) {
             if (n_items > 0)
                 for (int r = 0; r < 3; ++r) ring_fetch(0, at, r);
@@ -431,12 +461,21 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     const float4* k_words = reinterpret_cast<const float4*>(k_tile) + (key_wg * 4 + warp % 4) * K_STEPS * 32 + lane;
     const float4* v_words = reinterpret_cast<const float4*>(v_tile) + (key_wg * 4 + warp % 4) * K_STEPS * 32 + lane;
     const unsigned col_bytes = col0 / 8 * 128;  // its columns' core matrices in a transposed tile
+    // The consumers meet: the whole block, or (PRODUCER) its first THREADS threads.
+    auto consumers_barrier = [] {
+        if constexpr (PRODUCER)
+            leading_threads_barrier(6, THREADS);
+        else
+            __syncthreads();
+    };
+    // PRODUCER: this warp is done with ring tile i.
+    auto ring_done = [&](int i) { mbarrier_arrive_warp(&ring_free[i % L::RING_SLOTS]); };
     fence_proxy_async();
-    __syncthreads();  // K's and V's TF32 tiles (and K^T) written (and visible to wgmma)
+    consumers_barrier();  // K's and V's TF32 tiles (and K^T) written (and visible to wgmma)
 
     for (int item = 0; item < n_items; ++item) {
         if (item > 0) at = after(at);  // (inside the block below it changed the fused kernels' SASS: unmeasured)
-        if (item > 0) {
+        if (!PRODUCER && item > 0) {
             // Every warpgroup is done with the last item's stage (one stage: its second
             // half) and its dS.
             __syncthreads();
@@ -493,10 +532,16 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             }
             one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH>(
                 own, product, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
-            swap_pair_products(sdp, own, swap, product, warp % 4, lane);
-            if constexpr (L::RING || L::SPLIT_STAGE)
+            swap_pair_products<M_BLOCKS, PRODUCER ? THREADS : 0>(sdp, own, swap, product, warp % 4, lane);
+            if constexpr (PRODUCER) {
+                ring_done(4 * item);  // dO's and Q's slots (the swap's too): read
+                ring_done(4 * item + 1);
+            } else if constexpr (L::RING || L::SPLIT_STAGE) {
                 __syncthreads();  // (with two stages, the next item's first barrier orders them)
-            if constexpr (L::RING) {
+            }
+            if constexpr (PRODUCER) {
+                ring_wait(item, 2);
+            } else if constexpr (L::RING) {
                 if (threadIdx.x == 0) {
                     ring_fetch(item, at, 3);
                     if (item + 1 < n_items) ring_fetch(item + 1, after(at), 0);
@@ -562,13 +607,18 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             // Every warpgroup that adds is done with dO^T (the idle ones, which skip dV and
             // dK, are the last: their keys come after the others'), so the next item's Q
             // may take its slot.
-            const int last_key = min(seqlen_k - 1, CAUSAL ? m0 + BLOCK_M - 1 + causal_offset : seqlen_k - 1);
-            const int adding_key_wgs = min(BLOCK_N / 64, max(0, last_key - n0) / 64 + 1);
-            leading_threads_barrier(5, adding_key_wgs * D_SPLIT * 128);
-            if (threadIdx.x == 0 && item + 1 < n_items) ring_fetch(item + 1, after(at), 1);
+            if constexpr (PRODUCER) {
+                ring_done(4 * item + 2);  // dO^T's slot (and its lse and delta): read
+            } else {
+                const int last_key = min(seqlen_k - 1, CAUSAL ? m0 + BLOCK_M - 1 + causal_offset : seqlen_k - 1);
+                const int adding_key_wgs = min(BLOCK_N / 64, max(0, last_key - n0) / 64 + 1);
+                leading_threads_barrier(5, adding_key_wgs * D_SPLIT * 128);
+                if (threadIdx.x == 0 && item + 1 < n_items) ring_fetch(item + 1, after(at), 1);
+            }
             ring_wait(item, 3);
             regs_by_transposed<PASSES, 1, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(just_one(acc[1]), just_one(a[1]), {qt_addr},
                                                                          Q_PART * 4);
+            if constexpr (PRODUCER) ring_done(4 * item + 3);  // Q^T's slot: read
         } else if constexpr (!FUSED) {
             regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(acc, a, {dot_addr, qt_addr}, Q_PART * 4);
         } else {
@@ -618,13 +668,27 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         n_heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v, num_n_tiles, scale, scale_log2, causal_offset,   \
         q_staged
 
+// attn_bwd_dkdv_wgmma's producer warpgroup: where a pair of warpgroups shares 64 keys and
+// the query tiles stream through the ring (plan.BwdDkdvWgmmaConfig.producer_warp), a third
+// warpgroup issues the ring's copies as soon as every consumer warp has freed a slot, so
+// that no consumer meets the others at a block barrier to free one or waits for the
+// thread that issues a copy. 3xTF32 only: with it (and dQ's), "fp32" D=256 (16,64,8)
+// -0.3..-1.2% not causal, -2.3..-4.2% causal in three A/Bs; "tf32" (32,64,8) +4.3..+5.3%
+// not causal (twenty-third session).
+template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS>
+__host__ __device__ constexpr bool dkdv_producer_warp() {
+    return BwdDkdvWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>::RING && 16 * NUM_WARPS / BLOCK_N == 2 && Op::passes == 3;
+}
+
 // q, dout, lse and delta stay in the launch signature every dK/dV kernel shares (Q, dO,
 // lse and delta come through q_staged).
 template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NUM_WARPS * 32, 1) attn_bwd_dkdv_wgmma(CUPYATTN_DKDV_WGMMA_PARAMS) {
+__global__ void __launch_bounds__(NUM_WARPS * 32 + (dkdv_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>() ? 128 : 0), 1)
+attn_bwd_dkdv_wgmma(CUPYATTN_DKDV_WGMMA_PARAMS) {
     static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dkdv_mma does)");
-    dkdv_wgmma<BwdDkdvWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>, false, Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS,
-               CAUSAL>(CUPYATTN_DKDV_WGMMA_ARGS, DqAtomics{nullptr, 0, 0, 0});
+    constexpr bool PRODUCER = dkdv_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>();
+    dkdv_wgmma<BwdDkdvWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N, PRODUCER>, false, Op, D_PAD, BLOCK_M, BLOCK_N,
+               NUM_WARPS, CAUSAL>(CUPYATTN_DKDV_WGMMA_ARGS, DqAtomics{nullptr, 0, 0, 0});
 }
 
 // dK, dV and dQ in one pass (deterministic=False): dK/dV's launch, plus dq (zeroed
@@ -641,8 +705,19 @@ attn_bwd_fused_wgmma(CUPYATTN_DKDV_WGMMA_PARAMS, float* __restrict__ dq, long lo
 #undef CUPYATTN_DKDV_WGMMA_PARAMS
 #undef CUPYATTN_DKDV_WGMMA_ARGS
 
+// attn_bwd_dq_wgmma's producer warpgroup: where a pair of warpgroups shares 64 rows and
+// one stage fits (plan.BwdDqWgmmaConfig.producer_warp; "fp32" from head dim 224), a third
+// warpgroup issues the copies of the next K and V and of K^T as soon as every consumer
+// warp has arrived at that part's "free" barrier, so that no consumer meets the others at
+// a block barrier to free a part or waits for the thread that issues a copy ("fp32"
+// D=256 backward -0.5% / -0.6% with this one alone, twenty-third session).
+template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS>
+__host__ __device__ constexpr bool dq_producer_warp() {
+    return BwdDqWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>::SPLIT_STAGE && 16 * NUM_WARPS / BLOCK_M == 2;
+}
+
 template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+__global__ void __launch_bounds__(NUM_WARPS * 32 + (dq_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>() ? 128 : 0), 1)
 attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                   const float* __restrict__ dout, const float* __restrict__ lse,
                   const float* __restrict__ delta, float* __restrict__ dq,
@@ -656,8 +731,9 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                   float scale, float scale_log2, int causal_offset, const float* __restrict__ kv_staged) {
     static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dq_mma does)");
     constexpr int PASSES = Op::passes;
-    using L = BwdDqWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>;
-    constexpr int THREADS = NUM_WARPS * 32;
+    constexpr bool PRODUCER = dq_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>();
+    using L = BwdDqWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N, PRODUCER>;
+    constexpr int THREADS = NUM_WARPS * 32;  // the consumers (a producer warpgroup comes after them)
     constexpr int K_STEPS = D_PAD / 8;
     constexpr int N_BLOCKS = BLOCK_N / 8;  // 8-key column blocks of S, the k-steps of dS K
     // D_SPLIT = 2: two warpgroups share 64 query rows, each with half of dQ's columns; the
@@ -715,8 +791,29 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     auto fetch_kv = [&](int tile) { copy(tile, 0, L::KV_PART_BYTES, &barriers[0]); };
     auto fetch_kt = [&](int tile) { copy(tile, L::KV_PART_BYTES, L::STAGE_BYTES, &barriers[1]); };
     auto fetch = [&](int tile) { copy(tile, 0, L::STAGE_BYTES, &barriers[tile % STAGES]); };
-    init_mbarriers<L::BARRIER_COUNT>(barriers);
-    if (threadIdx.x == 0) {
+    // PRODUCER: barriers[2] and [3] complete a phase when every consumer warp is done
+    // with a tile's K and V (its S and dP swapped) and with its K^T (dQ added).
+    unsigned long long* const kv_free = &barriers[2];
+    unsigned long long* const kt_free = &barriers[3];
+    init_mbarriers<PRODUCER ? 2 : L::BARRIER_COUNT, PRODUCER ? 2 : 0, NUM_WARPS>(barriers);
+    if constexpr (PRODUCER) {
+        // Registers move from the producer warpgroup, which issues every copy, to the
+        // consumers (a 384-thread block gets 168 a thread at launch: 128 x 40 + 256 x 232
+        // is the same register file). Split right after the barriers' setup, so that the
+        // consumers' loads of Q and dO run with their 232 too.
+        if (warp >= NUM_WARPS) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+            if (warp == NUM_WARPS && lane == 0)  // tile t's parts once tile t - 1's are free
+                for (int tile = 0; tile < n_tiles; ++tile) {
+                    if (tile > 0) mbarrier_wait(kv_free, (tile - 1) % 2);
+                    fetch_kv(tile);
+                    if (tile > 0) mbarrier_wait(kt_free, (tile - 1) % 2);
+                    fetch_kt(tile);
+                }
+            return;
+        }
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    } else if (threadIdx.x == 0) {
         if constexpr (L::SPLIT_STAGE) {
             if (n_tiles > 0) {
                 fetch_kv(0);
@@ -755,15 +852,22 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     const float4* q_words = reinterpret_cast<const float4*>(q_tile) + row_warp * K_STEPS * 32 + lane;
     const float4* do_words = reinterpret_cast<const float4*>(do_tile) + row_warp * K_STEPS * 32 + lane;
     const unsigned col_bytes = col0 / 8 * 128;  // its columns' core matrices in the K^T tile
+    // The consumers meet: the whole block, or (PRODUCER) its first THREADS threads.
+    auto consumers_barrier = [] {
+        if constexpr (PRODUCER)
+            leading_threads_barrier(6, THREADS);
+        else
+            __syncthreads();
+    };
     fence_proxy_async();
-    __syncthreads();  // Q's and dO's TF32 tiles written (and visible to wgmma)
+    consumers_barrier();  // Q's and dO's TF32 tiles written (and visible to wgmma)
 
     for (int tile = 0; tile < n_tiles; ++tile) {
         const int stage = tile % STAGES;
         const unsigned k_addr = wg_smem_addr(kv_tiles + stage * L::STAGE_BYTES);
         const unsigned v_addr = k_addr + L::TILE_N, kt_addr = k_addr + 2 * L::TILE_N;
         const int n0 = tile * BLOCK_N;
-        if (tile > 0) {
+        if (!PRODUCER && tile > 0) {
             // Every warpgroup is done with the last tile's stage (one stage: its K^T).
             __syncthreads();
             if constexpr (L::SPLIT_STAGE) {
@@ -789,7 +893,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                     own, product, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
                 float4* const swap[2] = {reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES),
                                          reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES + L::TILE_N)};
-                swap_pair_products(sdp, own, swap, product, warp % 4, lane);
+                swap_pair_products<N_BLOCKS, PRODUCER ? THREADS : 0>(sdp, own, swap, product, warp % 4, lane);
             } else if constexpr (P_BEFORE_DP) {
                 // 3xTF32 with 64-key tiles: S, P = exp2(S - lse), then dP (one product's
                 // fresh accumulators at a time, as dK/dV's ring computes them), for the
@@ -815,8 +919,12 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
         };
         if constexpr (L::SPLIT_STAGE) {
             if (!idle) scores();
-            __syncthreads();  // every warpgroup is done with K and V
-            if (threadIdx.x == 0 && tile + 1 < n_tiles) fetch_kv(tile + 1);
+            if constexpr (PRODUCER) {
+                mbarrier_arrive_warp(kv_free);  // this warp is done with K and V
+            } else {
+                __syncthreads();  // every warpgroup is done with K and V
+                if (threadIdx.x == 0 && tile + 1 < n_tiles) fetch_kv(tile + 1);
+            }
             mbarrier_wait(&barriers[1], tile % 2);
         }
         // A causal block's last tile may reach past every key its rows see (n_end; the
@@ -826,9 +934,12 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
             zero_transposed_rows<L::PARTS, BLOCK_N, D_PAD, THREADS>(
                 reinterpret_cast<float*>(kv_tiles + stage * L::STAGE_BYTES + 2 * L::TILE_N), n_end - n0);
             fence_proxy_async();
-            __syncthreads();
+            consumers_barrier();
         }
-        if (idle) continue;
+        if (idle) {
+            if constexpr (PRODUCER) mbarrier_arrive_warp(kt_free);
+            continue;
+        }
         if constexpr (!L::SPLIT_STAGE) scores();
         const bool needs_mask = warp_row0 + 16 > seqlen_q || n0 + BLOCK_N > seqlen_k ||
                                 (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
@@ -849,6 +960,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
         // the next chunk's products do (no spills at the planned tiles; 216 registers at 128).
         regs_by_transposed<PASSES, 1, CN, CHUNKS, N_BLOCKS, KG, D_PAD, false, 2>(dq_acc, a, {kt_addr + col_bytes},
                                                                               KV_PART * 4);
+        if constexpr (PRODUCER) mbarrier_arrive_warp(kt_free);  // this warp is done with K^T
     }
 
     store_wg_acc<CHUNKS, CN>(dq + qb.b * dq_sb + qb.h * dq_sh + (long long)warp_row0 * dq_ss + col0, dq_ss, dq_acc[0],

@@ -77,15 +77,26 @@ __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned 
 // The barriers' initialization is visible to the asynchronous proxy (the copies).
 __device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
-// Thread 0 initializes N mbarriers of one arrival each (the thread that arms them);
-// the block waits until it has, before anyone copies or waits.
-template <int N>
+// Thread 0 initializes N mbarriers of one arrival each (the thread that arms them),
+// and after them EMPTY more of EMPTY_ARRIVALS each (a "slot is free" barrier that each
+// consumer warp arrives at: mbarrier_arrive_warp); the block waits until it has, before
+// anyone copies or waits.
+template <int N, int EMPTY = 0, int EMPTY_ARRIVALS = 1>
 __device__ __forceinline__ void init_mbarriers(unsigned long long* bars) {
     if (threadIdx.x == 0) {
         for (int i = 0; i < N; ++i) mbarrier_init(&bars[i], 1);
+        for (int i = N; i < N + EMPTY; ++i) mbarrier_init(&bars[i], EMPTY_ARRIVALS);
         fence_mbarrier_init();
     }
     __syncthreads();
+}
+
+// This warp arrives at the barrier once every lane is past this point (its earlier
+// shared-memory reads and writes released to whoever waits on the barrier's phase).
+__device__ __forceinline__ void mbarrier_arrive_warp(unsigned long long* bar) {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0)
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(wg_smem_addr(bar)) : "memory");
 }
 
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src to shared

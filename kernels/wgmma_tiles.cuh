@@ -365,14 +365,19 @@ __device__ __forceinline__ void one_of_two_products(float (&d)[N / 8][4], int wh
 // at a time (warp_in_wg), so no bank conflicts. The caller's next block barrier orders
 // these reads before copies that refill the tiles (the fence here: generic-proxy reads
 // before the async proxy's writes).
-template <int NB>
+// BARRIER_THREADS: 0, the whole block meets (__syncthreads); else that many leading
+// threads, on named barrier 6 (a block with a producer warpgroup past them).
+template <int NB, int BARRIER_THREADS = 0>
 __device__ __forceinline__ void swap_pair_products(float (&both)[2][NB][4], const float (&own)[NB][4],
                                                    float4* const (&swap)[2], int mine, int warp_in_wg, int lane) {
     const int at = warp_in_wg * NB * 32 + lane;
     float4* own_swap = (mine == 0 ? swap[0] : swap[1]) + at;
 #pragma unroll
     for (int j = 0; j < NB; ++j) own_swap[j * 32] = make_float4(own[j][0], own[j][1], own[j][2], own[j][3]);
-    __syncthreads();  // both products written
+    if constexpr (BARRIER_THREADS == 0)
+        __syncthreads();  // both products written
+    else
+        leading_threads_barrier(6, BARRIER_THREADS);
 #pragma unroll
     for (int p = 0; p < 2; ++p)
 #pragma unroll

@@ -498,6 +498,8 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     dkdv, dq = plans("tf32", 256)
     assert isinstance(dkdv, WgmmaConfig) and dkdv.d_split == 2 and isinstance(dq, BwdDqWgmmaConfig)
     assert tiles([dkdv]) == [("wgmma", (32, 64, 8))] and dkdv.ring and dkdv.layout["barriers"].shape == (1, 3)
+    # (one TF32 pass: no producer warpgroup, which measured slower there)
+    assert not dkdv.producer_warp and dkdv.threads == 256 and dkdv.layout_expression.endswith(", 64>")
     assert dkdv.layout.total == 2 * 64 * 256 * 4 + 3 * (32 * 256 * 4 + 2 * 32 * 4) + 24
     # "fp32" at 256: dK/dV streams its query tiles through a ring of three slots (a whole
     # staged tile does not fit beside K and V's words), dQ keeps Q and dO as words.
@@ -510,8 +512,9 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert plans("tf32", 256)[1].d_split == 1
     # The same tile where it fits for "fp32" (up to 176) and takes 32-key tiles.
     assert tiles([plans("fp32", 176)[1]]) == [("wgmma", (64, 32, 4))]
-    assert dkdv.layout["q_tiles"].shape == (3, 2 * 16 * 256 + 2 * 16) and dkdv.layout["barriers"].shape == (1, 3)
-    assert "ring" in dkdv.layout["q_tiles"].note and dkdv.layout.total == 2 * 64 * 256 * 4 + 3 * 32896 + 24
+    assert dkdv.layout["q_tiles"].shape == (3, 2 * 16 * 256 + 2 * 16) and dkdv.layout["barriers"].shape == (1, 6)
+    assert "ring" in dkdv.layout["q_tiles"].note and dkdv.layout.total == 2 * 64 * 256 * 4 + 3 * 32896 + 48
+    assert dkdv.producer_warp and dkdv.threads == 384 and dkdv.layout_expression.endswith(", true>")  # 6 mbarriers
     assert not plans("fp32", 192)[0].ring and not plans("tf32", 192)[0].ring
     # Where every other dK/dV tile spills, the d_split tile pads the head dim to 32:
     # 3xTF32 at 144 -> 160, 208 -> 224, 240 -> 256 (the ring); "tf32" at 240 -> 256.
@@ -520,8 +523,9 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
         assert tiles([dkdv]) == [("wgmma", (16, 64, 8))] and dkdv.head_dim_pad == pad, (precision, d)
     assert BwdDkdvWgmmaConfig.head_dim_pad_for(144, 16, 128, 8) == 144  # d_split 1: the tensor cores' 16
     assert dq.q_in_registers and dq.layout["q_tile"].shape == (1, 64, 256) and dq.stages == 1
-    # One stage: K and V | K^T land on a barrier each.
-    assert dq.layout["barriers"].shape == (1, 2) and "K, V | K^T" in dq.layout["barriers"].note
+    # One stage: K and V | K^T land on a barrier each, freed on two more (the producer warpgroup).
+    assert dq.layout["barriers"].shape == (1, 4) and "K, V | K^T" in dq.layout["barriers"].note
+    assert dq.producer_warp and dq.threads == 384 and dq.layout_expression.endswith(", true>")
     assert not BwdDqWgmmaConfig("float32", "fp32", 112, 64, 16, 4, False).q_in_registers
     assert not BwdDqWgmmaConfig("float32", "tf32", 256, 64, 16, 4, False).q_in_registers
     # d_split dQ tiles: 64 rows shared by two warpgroups, whole 16-column halves of the head dim.
