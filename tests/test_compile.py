@@ -211,6 +211,31 @@ def test_dq_wgmma_keeps_both_score_products(d, tile):
     assert sum("HGMMA" in line for line in lines) == scores + (d // chunk) * 3 * (tile[1] // 8)
 
 
+@pytest.mark.parametrize("precision,d,producers", [("fp32", 256, 2), ("fp32", 224, 1), ("tf32", 256, 0)])
+def test_backward_producer_warpgroups_hand_their_registers_to_the_consumers(precision, d, producers):
+    """Where planned ("fp32" dK/dV's ring at 256, dQ's one stage from 224), a 384-thread
+    block (168 registers a thread at launch) gives the producer warpgroup 40 and the two
+    consumers 232 (setmaxnreg), and the consumers' loop meets at no block-wide barrier:
+    every BAR.SYNC names a barrier and a thread count (the consumers' 256), bar 0 only
+    before the split."""
+    problem = AttentionProblem("float32", d, d, True, 4, 16, 16, 4096, 4096, precision=(precision,))
+    bwd = plan_backward(problem, named_device("h200"))
+    configs = [c for c in (bwd.dkdv.config, bwd.dq.config) if c.producer_warp]
+    assert len(configs) == producers
+    for config in configs:
+        assert config.threads == 384
+        try:
+            report = cc.compile_only(config, "sm_90")
+        except FileNotFoundError as exc:
+            pytest.skip(str(exc))
+        text = cc.sass(report)
+        assert report.registers == 168 and report.spills == 0, config.name_expression
+        assert "USETMAXREG.DEALLOC" in text and "USETMAXREG.TRY_ALLOC" in text
+        after_split = text[text.index("USETMAXREG"):]
+        assert re.findall(r"BAR\.SYNC\S* 0x6, 0x100", after_split), config.name_expression
+        assert not re.findall(r"BAR\.SYNC\S* 0x0\s*;", after_split), config.name_expression
+
+
 @pytest.mark.parametrize("arch,device", [("sm_80", "a100"), ("sm_90", "h100")])
 @pytest.mark.parametrize("dtype,precision", [("float16", None), ("bfloat16", None), ("float32", "fp32"),
                                              ("float32", "tf32"), ("float32", "bf16")])
