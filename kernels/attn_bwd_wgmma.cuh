@@ -330,6 +330,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
 
     // (not warp_uniform_index in the fused pass, which then spilled 12-168 bytes at
     // admitted tiles: rule_audit.py --admitted)
+    // clock block: entry
     const int warp = FUSED ? int(threadIdx.x / 32) : warp_uniform_index();
     const int wg = warp / 4;
     const int key_wg = wg / D_SPLIT, col0 = wg % D_SPLIT * D_WG;  // its 64 keys, its first dK/dV column
@@ -473,7 +474,9 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     fence_proxy_async();
     consumers_barrier();  // K's and V's TF32 tiles (and K^T) written (and visible to wgmma)
 
+    // clock phases: begin
     for (int item = 0; item < n_items; ++item) {
+        // clock phase: loop
         if (item > 0) at = after(at);  // (inside the block below it changed the fused kernels' SASS: unmeasured)
         if (!PRODUCER && item > 0) {
             // Every warpgroup is done with the last item's stage (one stage: its second
@@ -488,6 +491,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
                 if (threadIdx.x == 0 && item - 1 + STAGES < n_items) fetch(item - 1 + STAGES, after(at));
             }
         }
+        // clock phase: top barrier and fetch
         const int m0 = m_begin + at.m * BLOCK_M;
         // A warpgroup whose keys are all past the end or after every query's diagonal
         // has nothing to add (uniform per warpgroup, as wgmma needs). With one stage it
@@ -527,12 +531,15 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
                 // other's barrier comes after the __syncthreads below, so after that
                 // tile's phase has completed (a parity wait must not skip a phase).
                 ring_wait(item, product == 0 ? 1 : 0);
+                // clock phase: ring wait
             } else {
                 mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
             }
             one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH>(
                 own, product, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
+            // clock phase: score product
             swap_pair_products<M_BLOCKS, PRODUCER ? THREADS : 0>(sdp, own, swap, product, warp % 4, lane);
+            // clock phase: swap
             if constexpr (PRODUCER) {
                 ring_done(4 * item);  // dO's and Q's slots (the swap's too): read
                 ring_done(4 * item + 1);
@@ -577,6 +584,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             if (idle) continue;
             mbarrier_wait(&barriers[1], item % 2);
         }
+        // clock phase: barrier, fetches, wait for dO^T
         const bool needs_mask = m0 + BLOCK_M > seqlen_q || key0 + 16 > seqlen_k ||
                                 (CAUSAL && key0 + 15 > m0 + causal_offset);
         // lse and delta of this lane's query columns (2t, 2t + 1 of each 8), read first; P^T
@@ -601,9 +609,11 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         Tf32Words<PASSES, 4> a[2][M_BLOCKS];  // P^T and dS^T as register A operands
         a_words(a[0], sdp[0]);
         a_words(a[1], sdp[1]);
+        // clock phase: softmax and split
         if constexpr (L::RING) {
             regs_by_transposed<PASSES, 1, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(just_one(acc[0]), just_one(a[0]), {dot_addr},
                                                                          Q_PART * 4);
+            // clock phase: dV
             // Every warpgroup that adds is done with dO^T (the idle ones, which skip dV and
             // dK, are the last: their keys come after the others'), so the next item's Q
             // may take its slot.
@@ -616,9 +626,11 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
                 if (threadIdx.x == 0 && item + 1 < n_items) ring_fetch(item + 1, after(at), 1);
             }
             ring_wait(item, 3);
+            // clock phase: barrier, fetch, wait for Q^T
             regs_by_transposed<PASSES, 1, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(just_one(acc[1]), just_one(a[1]), {qt_addr},
                                                                          Q_PART * 4);
             if constexpr (PRODUCER) ring_done(4 * item + 3);  // Q^T's slot: read
+            // clock phase: dK
         } else if constexpr (!FUSED) {
             regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(acc, a, {dot_addr, qt_addr}, Q_PART * 4);
         } else {
@@ -648,6 +660,8 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         }
     }
 
+    // clock phase: loop
+    // clock phases: end
     const long long at_k = b * dk_sb + h_kv * dk_sh + key0 * dk_ss + col0;
     const long long at_v = b * dv_sb + h_kv * dv_sh + key0 * dv_ss + col0;
     store_wg_acc<CHUNKS, CN>(dk + at_k, dk_ss, acc[1], scale, seqlen_k - key0, head_dim - col0, lane);
@@ -763,6 +777,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     unsigned char* kv_tiles = smem + L::kv_tiles;
     unsigned long long* barriers = reinterpret_cast<unsigned long long*>(smem + L::barriers);
 
+    // clock block: entry
     const int warp = warp_uniform_index(), wg = warp / 4;
     const int row_wg = wg / D_SPLIT, col0 = wg % D_SPLIT * D_WG;  // its 64 rows, its first dQ column
     const int lane = threadIdx.x % 32;
@@ -862,7 +877,9 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     fence_proxy_async();
     consumers_barrier();  // Q's and dO's TF32 tiles written (and visible to wgmma)
 
+    // clock phases: begin
     for (int tile = 0; tile < n_tiles; ++tile) {
+        // clock phase: loop
         const int stage = tile % STAGES;
         const unsigned k_addr = wg_smem_addr(kv_tiles + stage * L::STAGE_BYTES);
         const unsigned v_addr = k_addr + L::TILE_N, kt_addr = k_addr + 2 * L::TILE_N;
@@ -876,7 +893,9 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 if (threadIdx.x == 0 && tile - 1 + STAGES < n_tiles) fetch(tile - 1 + STAGES);
             }
         }
+        // clock phase: top barrier and fetch of K^T
         mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (tile / STAGES) % 2);
+        // clock phase: wait for K and V
         const bool idle = CAUSAL && n0 > wg_row0 + 63 + causal_offset;  // uniform per warpgroup
         float sdp[2][N_BLOCKS][4];  // S (or P: P_BEFORE_DP), dP
         // P of a score in this lane's row `half` (g or g + 8 of its warp's 16).
@@ -891,9 +910,11 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 float own[N_BLOCKS][4];
                 one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N, SCORE_DEPTH>(
                     own, product, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
+                // clock phase: score product
                 float4* const swap[2] = {reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES),
                                          reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES + L::TILE_N)};
                 swap_pair_products<N_BLOCKS, PRODUCER ? THREADS : 0>(sdp, own, swap, product, warp % 4, lane);
+                // clock phase: swap
             } else if constexpr (P_BEFORE_DP) {
                 // 3xTF32 with 64-key tiles: S, P = exp2(S - lse), then dP (one product's
                 // fresh accumulators at a time, as dK/dV's ring computes them), for the
@@ -936,6 +957,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
             fence_proxy_async();
             consumers_barrier();
         }
+        // clock phase: barrier, fetch, wait for K^T
         if (idle) {
             if constexpr (PRODUCER) mbarrier_arrive_warp(kt_free);
             continue;
@@ -958,10 +980,14 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
         a_words(a[0], sdp[1]);
         // 3xTF32: two fresh accumulators alternate (BUFS = 2), each chunk's add running while
         // the next chunk's products do (no spills at the planned tiles; 216 registers at 128).
+        // clock phase: softmax and split
         regs_by_transposed<PASSES, 1, CN, CHUNKS, N_BLOCKS, KG, D_PAD, false, 2>(dq_acc, a, {kt_addr + col_bytes},
                                                                               KV_PART * 4);
         if constexpr (PRODUCER) mbarrier_arrive_warp(kt_free);  // this warp is done with K^T
+        // clock phase: dQ
     }
+    // clock phase: loop
+    // clock phases: end
 
     store_wg_acc<CHUNKS, CN>(dq + qb.b * dq_sb + qb.h * dq_sh + (long long)warp_row0 * dq_ss + col0, dq_ss, dq_acc[0],
                              scale, seqlen_q - warp_row0, head_dim - col0, lane);
