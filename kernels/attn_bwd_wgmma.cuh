@@ -720,7 +720,7 @@ attn_bwd_fused_wgmma(CUPYATTN_DKDV_WGMMA_PARAMS, float* __restrict__ dq, long lo
 #undef CUPYATTN_DKDV_WGMMA_ARGS
 
 // attn_bwd_dq_wgmma's producer warpgroup: where a pair of warpgroups shares 64 rows and
-// one stage fits (plan.BwdDqWgmmaConfig.producer_warp; "fp32" from head dim 224), a third
+// one stage fits (plan.BwdDqWgmmaConfig.producer_warp; "fp32" from head dim 184), a third
 // warpgroup issues the copies of the next K and V and of K^T as soon as every consumer
 // warp has arrived at that part's "free" barrier, so that no consumer meets the others at
 // a block barrier to free a part or waits for the thread that issues a copy ("fp32"
