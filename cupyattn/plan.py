@@ -382,9 +382,20 @@ class WgmmaConfig:
         """TF32 parts per operand: big and small for 3xTF32, one otherwise."""
         return 2 if self.precision == "fp32" else 1
 
+    # A third, producer warpgroup (128 threads past the consumers' warps) that issues the
+    # staged tiles' copies: the backward passes say where (their producer_warp), and the
+    # kernel's layout takes it as its last parameter.
+    producer_warp = False
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32 + (128 if self.producer_warp else 0)
+
     @property
     def layout_expression(self) -> str:
-        return f"{self.LAYOUT}<{MMA_OPS[self.precision]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}>"
+        producer = ", true" if self.producer_warp else ""
+        return (f"{self.LAYOUT}<{MMA_OPS[self.precision]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}"
+                f"{producer}>")
 
     def _valid_tile(self, owned: int, streamed: int) -> bool:
         """What the kernels' static_asserts accept: float32 in a TF32 mode, 64 owned rows
@@ -707,14 +718,6 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         return self.d_split == 2 and self.ring and self.parts == 2
 
     @property
-    def threads(self) -> int:
-        return self.num_warps * 32 + (128 if self.producer_warp else 0)
-
-    @property
-    def layout_expression(self) -> str:
-        return super().layout_expression[:-1] + (", true>" if self.producer_warp else ">")
-
-    @property
     def ring(self) -> bool:
         """Where not even one staged query tile fits beside K and V (e.g. 3xTF32 at head
         dim 256, "tf32" with 32-query tiles there): its four operand tiles stream through a
@@ -872,14 +875,6 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
         staging = self.staging
         kept = 2 * (1 if self.q_in_registers else self.parts) * self.block_m * self.head_dim_pad * 4
         return kept + 2 * (staging.tile_bytes + self.BARRIERS * 8) > SM90_SMEM_PER_BLOCK
-
-    @property
-    def threads(self) -> int:
-        return self.num_warps * 32 + (128 if self.producer_warp else 0)
-
-    @property
-    def layout_expression(self) -> str:
-        return super().layout_expression[:-1] + (", true>" if self.producer_warp else ">")
 
     @property
     def valid(self) -> bool:
