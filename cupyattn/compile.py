@@ -204,7 +204,7 @@ def check_layouts(configs, arch: str = "sm_90") -> int:
     """Compile the layout checks (``check_expression``: the kernel's shared-memory layout
     against the planner's, as static_asserts in an empty kernel) of many configurations,
     one NVRTC program a kernel header, without their kernels: cheap enough for every
-    listed tile at every head dim. Raises CompileError naming the first that disagrees;
+    listed tile at every head dim. Raises CompileError naming those that disagree;
     returns how many checks compiled."""
     by_header: dict = {}
     for config in configs:
@@ -214,23 +214,39 @@ def check_layouts(configs, arch: str = "sm_90") -> int:
     for (header, target), checks in sorted(by_header.items()):
         nvrtc = _Nvrtc.for_arch(target)
         options = _options(nvrtc, target)
-        prog = nvrtc.create_program(hashed_source(f'#include "{header}"\n'), "cupyattn_layouts.cu")
-        try:
-            for check in checks:
-                nvrtc.add_name_expression(prog, check)
-            try:
-                nvrtc.compile_program(prog, options)
-            except CompileError as exc:
-                log = nvrtc.program_log(prog)
-                seen = re.findall(r"\[with Layout=(.*?), TOTAL=(\d+), OFFSETS=<([^>]*)>\]", log)
-                bad = sorted({checks[k].name_expression for k in
-                              (f"cupyattn::check_layout<{lay}, {total}, {offs}>" for lay, total, offs in seen)
-                              if k in checks})
-                raise CompileError(f"layout check of {', '.join(bad) or 'a configuration'} ({header}, {target}) "
-                                   f"failed ({exc}):\n{log}") from exc
-        finally:
-            nvrtc.destroy_program(prog)
+        failed = _compile_checks(nvrtc, header, options, list(checks))
+        if failed:
+            bad = sorted(checks[k].name_expression for k in _failing_checks(nvrtc, header, options, list(checks)))
+            exc, log = failed
+            raise CompileError(f"layout check of {', '.join(bad)} ({header}, {target}) failed ({exc}):\n{log}")
     return sum(len(checks) for checks in by_header.values())
+
+
+def _compile_checks(nvrtc, header: str, options: list, checks: list):
+    """Compile ``checks`` (name expressions) in one program of ``header``: None, or the
+    error and NVRTC's log."""
+    prog = nvrtc.create_program(hashed_source(f'#include "{header}"\n'), "cupyattn_layouts.cu")
+    try:
+        for check in checks:
+            nvrtc.add_name_expression(prog, check)
+        try:
+            nvrtc.compile_program(prog, options)
+        except CompileError as exc:
+            return exc, nvrtc.program_log(prog)
+        return None
+    finally:
+        nvrtc.destroy_program(prog)
+
+
+def _failing_checks(nvrtc, header: str, options: list, checks: list) -> list:
+    """Which of ``checks`` (that fail together) fail alone, found by halves: the log
+    prints each layout as the compiler spells it (default template arguments written
+    out, expressions evaluated), not as the check names it."""
+    if len(checks) == 1:
+        return checks
+    halves = (checks[:len(checks) // 2], checks[len(checks) // 2:])
+    return [check for half in halves if _compile_checks(nvrtc, header, options, half)
+            for check in _failing_checks(nvrtc, header, options, half)]
 
 
 # NVRTC 13 (CUDA 13) dropped these; NVRTC 12 still compiles for them.

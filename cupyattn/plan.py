@@ -384,8 +384,13 @@ class WgmmaConfig:
 
     # A third, producer warpgroup (128 threads past the consumers' warps) that issues the
     # staged tiles' copies: the backward passes say where (their producer_warp), and the
-    # kernel's layout takes it as its last parameter.
+    # kernel's layout takes it as its last parameter. The kernel decides it again from
+    # its own template parameters (PRODUCER_RULE, a constexpr function of kernels/): the
+    # layout check names that rule in place of producer_warp (checked_layout_expression),
+    # so where the two disagree the layouts' mbarrier bytes do, and the kernel does not
+    # compile, where it would otherwise launch with a thread count it does not expect.
     producer_warp = False
+    PRODUCER_RULE: ClassVar[str] = ""
 
     @property
     def threads(self) -> int:
@@ -393,7 +398,18 @@ class WgmmaConfig:
 
     @property
     def layout_expression(self) -> str:
-        producer = ", true" if self.producer_warp else ""
+        return self._layout_with(", true" if self.producer_warp else "")
+
+    @property
+    def checked_layout_expression(self) -> str:
+        """The layout as the kernel instantiates it: the producer flag from its rule."""
+        if not self.PRODUCER_RULE:
+            return self.layout_expression
+        op = MMA_OPS[self.precision]
+        return self._layout_with(f", {self.PRODUCER_RULE}<{op}, {self.head_dim_pad}, {self.block_m}, "
+                                 f"{self.block_n}, {self.num_warps}>()")
+
+    def _layout_with(self, producer: str) -> str:
         return (f"{self.LAYOUT}<{MMA_OPS[self.precision]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}"
                 f"{producer}>")
 
@@ -676,6 +692,7 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
 
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dkdv_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::BwdDkdvWgmmaLayout"
+    PRODUCER_RULE: ClassVar[str] = "cupyattn::dkdv_producer_warp"
     HEADER: ClassVar[str] = "attn_bwd_wgmma.cuh"
     BARRIERS: ClassVar[int] = 1
     SPLIT_ONE_STAGE: ClassVar[str] = "Q, dO | Q^T, dO^T, lse, delta"
@@ -815,6 +832,7 @@ class BwdFusedWgmmaConfig(BwdDkdvWgmmaConfig):
 
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_fused_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::BwdFusedWgmmaLayout"
+    PRODUCER_RULE: ClassVar[str] = ""  # (no producer warpgroup: its layout has no flag)
     kv_in_registers: ClassVar[bool] = False  # K's core-matrix tile is transposed into K^T
     ring: ClassVar[bool] = False  # BwdFusedWgmmaLayout::RING: a whole stage beside K^T, or no fit
 
@@ -849,6 +867,7 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
 
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dq_wgmma"
     LAYOUT: ClassVar[str] = "cupyattn::BwdDqWgmmaLayout"
+    PRODUCER_RULE: ClassVar[str] = "cupyattn::dq_producer_warp"
     HEADER: ClassVar[str] = "attn_bwd_wgmma.cuh"
     BARRIERS: ClassVar[int] = 1
     SPLIT_ONE_STAGE: ClassVar[str] = "K, V | K^T"
@@ -1006,7 +1025,8 @@ def check_expression(config) -> str | None:
     if not lay.buffers:
         return None
     offsets = ", ".join(str(b.offset) for b in lay)
-    return f"cupyattn::check_layout<{config.layout_expression}, {lay.total}, {offsets}>"
+    layout = getattr(config, "checked_layout_expression", config.layout_expression)
+    return f"cupyattn::check_layout<{layout}, {lay.total}, {offsets}>"
 
 
 @dataclasses.dataclass(frozen=True)

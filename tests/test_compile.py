@@ -164,6 +164,24 @@ def test_layout_checks_name_the_tile_that_disagrees(monkeypatch):
         cc.check_layouts([good, bad], "sm_90")
 
 
+@pytest.mark.parametrize("cls,tile", [("BwdDkdvWgmmaConfig", (16, 64, 8)), ("BwdDqWgmmaConfig", (64, 16, 8))])
+def test_layout_check_rejects_a_planner_that_disagrees_on_the_producer_warpgroup(monkeypatch, cls, tile):
+    """The backward kernels decide their producer warpgroup from their own template
+    parameters; a planner that says otherwise (here: none, where the kernel has one)
+    fails the layout check, naming the tile, instead of launching 256 threads into a
+    kernel whose copies thread 256 issues."""
+    from cupyattn import plan as P
+
+    config_cls = getattr(P, cls)
+    assert config_cls("float32", "fp32", 256, *tile, False).producer_warp
+    assert cc.check_layouts([config_cls("float32", "fp32", 256, *tile, False)], "sm_90") == 1
+    monkeypatch.setattr(config_cls, "producer_warp", False)
+    cfg = config_cls("float32", "fp32", 256, *tile, False)
+    assert cfg.threads == 256
+    with pytest.raises(cc.CompileError, match=re.escape(cfg.name_expression)):
+        cc.check_layouts([cfg], "sm_90")
+
+
 def test_kernel_source_carries_the_hash_of_every_kernel_file():
     cfg = FwdSimtConfig("float16", 64, 64, 32, 32, 4, False)
     src = cc.kernel_source(cfg)
