@@ -93,15 +93,15 @@ def _block_time(slot: int, with_sm: bool = False) -> str:
 
 
 def timeline(times, blocks: int) -> str:
-    """Where the SMs' time went in one launch, from each block's loop begin / end (ns) and SM:
+    """Where the SMs' time went in one launch, from each block's loop begin, loop end, SM
+    and entry (``times`` rows: ns, ns, SM, ns):
     the share of SM time inside the items' loop, between loops on an SM (a block's
     epilogue, the next one's launch and prologue; before the first), and idle at the end
     (SMs done before the last one)."""
     import numpy as np
 
     t = np.asarray(times[:blocks], dtype=np.int64)
-    begin, end, sm = t[:, 0], t[:, 1], t[:, 2]
-    entry = t[:, 3] if t.shape[1] > 3 else begin
+    begin, end, sm, entry = t[:, 0], t[:, 1], t[:, 2], t[:, 3]
     t0, t1 = begin.min(), end.max()
     sms = np.unique(sm)
     whole = (t1 - t0) * len(sms)
@@ -155,9 +155,9 @@ def _worker(copy: str, dim: int, precision: str, causal: bool, compile_only: boo
         name = config.name_expression
         if "attn_bwd_dkdv_wgmma" not in name and "attn_bwd_dq_wgmma" not in name:
             return original(config, spec_, blocks, what, args, smem)
-        ptr = cc.get_kernel(config, spec_).kernel.module.get_global_var(GLOBAL)  # RawKernel -> Function -> Module
+        module = cc.get_kernel(config, spec_).kernel.module  # RawKernel -> Function -> Module
+        ptr, times_ptr = module.get_global_var(GLOBAL), module.get_global_var(TIMES)
         nbytes = 2 * MAX_PHASES * 8
-        times_ptr = cc.get_kernel(config, spec_).kernel.module.get_global_var(TIMES)
         cupy.cuda.Device().synchronize()
         cupy.cuda.runtime.memset(ptr, 0, nbytes)
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
