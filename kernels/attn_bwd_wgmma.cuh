@@ -350,21 +350,26 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     const int m_tiles = m_begin < seqlen_q ? (seqlen_q - m_begin + BLOCK_M - 1) / BLOCK_M : 0;
     const int n_items = group * m_tiles;
     const int n_q_tiles = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
-    // The group's first query head, tile m_begin: item i is query head i / m_tiles of the
-    // group, tile i % m_tiles after it.
+    // From the group's first query head, tile m_begin, on: item (head, m) is query head
+    // `head` of the group, tile m after m_begin, staged tile head * n_q_tiles + m.
     const unsigned char* staged = reinterpret_cast<const unsigned char*>(q_staged) +
                                   ((b * n_heads_q + h_kv * group) * n_q_tiles + m_begin / BLOCK_M) * L::STAGE_BYTES;
-    // Item i's query head of the group (i / m_tiles), its query tile (i % m_tiles) and
-    // that staged tile's index from `staged` on, item after item without a division: a
-    // division at each fetch cost the fetching thread ~30 instructions and a MUFU round
+    // Items run from the group's last query head and tile down to its first head's tile
+    // m_begin: causal blocks end at their own m_begin (BLOCK_N / BLOCK_M tiles later a key
+    // tile) but all start at the last tile, so blocks of a head dispatched together read
+    // the same staged tile at about the same time, where ascending they set off tiles apart.
+    // "fp32" D=256 backward -1.8..-2.0% causal and not, D=128 -0.9% / -1.2%, "tf32" within
+    // +-1% (scripts/ab_trees.py and an A/B/A/B bench_fp32.py, twenty-fourth session).
+    // Item after item by a cursor (head, m, its staged tile's index), without a division:
+    // a division at each fetch cost the fetching thread ~30 instructions and a MUFU round
     // trip, and the rest of the block waits for its warp at the next wgmma.
     struct ItemAt {
         int head, m;
         long long tile;
     };
     auto after = [&](ItemAt at) {
-        return at.m + 1 < m_tiles ? ItemAt{at.head, at.m + 1, at.tile + 1}
-                                  : ItemAt{at.head + 1, 0, at.tile + 1 + (n_q_tiles - m_tiles)};
+        return at.m > 0 ? ItemAt{at.head, at.m - 1, at.tile - 1}
+                        : ItemAt{at.head - 1, m_tiles - 1, at.tile - 1 - (n_q_tiles - m_tiles)};
     };
     // Thread 0 only: bytes [from, to) of item's staged query tile (at `at`) into its stage.
     auto copy = [&](int item, ItemAt at, int from, int to, unsigned long long* bar) {
@@ -401,7 +406,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // tile in slot s (ring tile i's the (i / 3)-th).
     unsigned long long* const ring_free = barriers + L::RING_SLOTS;
     init_mbarriers<PRODUCER ? L::RING_SLOTS : L::BARRIER_COUNT, PRODUCER ? L::RING_SLOTS : 0, NUM_WARPS>(barriers);
-    ItemAt at{0, 0, 0};  // item's (item 0's)
+    ItemAt at{group - 1, m_tiles - 1, (long long)(group - 1) * n_q_tiles + m_tiles - 1};  // item's (item 0's)
     if constexpr (PRODUCER) {
         // As attn_bwd_dq_wgmma's producer: registers to the consumers (128 x 40 + 256 x
         // 232 = 384 x 168), every ring tile fetched once the tile three before it is free.
