@@ -92,16 +92,21 @@ def test_rows_that_see_no_key_get_zero_gradients(dtype):
     assert np.all(dq[:, :31] == 0) and not np.isnan(dq).any()
 
 
+def _same_bits_call_after_call(backward, calls: int, word):
+    """backward() returns the gradients of its first call, bit for bit (compared as `word`
+    integers), `calls` more times."""
+    first = [g.copy() for g in backward()]
+    for _ in range(calls):
+        for a, b in zip(first, backward()):
+            assert bool((a.view(word) == b.view(word)).all())
+
+
 @pytest.mark.parametrize("D", [64, 256])
 def test_deterministic_backward_is_bitwise_reproducible(D):
     (_, _, _, _), (q, k, v, dout) = _inputs(32, 96, 96, 4, 2, D, D, "float16", "bshd", False, 11)
     out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)
-    first = [g.copy() for g in cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True,
-                                                            deterministic=True)]
-    for _ in range(50):
-        again = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
-        for a, b in zip(first, again):
-            assert bool((a.view(np.uint16) == b.view(np.uint16)).all())
+    _same_bits_call_after_call(
+        lambda: cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True), 50, np.uint16)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
@@ -125,12 +130,9 @@ def test_float32_backward_on_tensor_cores_is_bitwise_reproducible(precision, mon
             assert isinstance(bplan.dq.config, P.BwdDqWgmmaConfig)
         (_, _, _, _), (q, k, v, dout) = _inputs(1, 1000, 1000, 4, 2, 256, 256, "float32", "bshd", False, 12)
         out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True, precision=precision)
-        first = [g.copy() for g in cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True,
-                                                                precision=precision)]
-        for _ in range(20):
-            again = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, precision=precision)
-            for a, b in zip(first, again):
-                assert bool((a.view(np.uint32) == b.view(np.uint32)).all())
+        _same_bits_call_after_call(
+            lambda: cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, precision=precision), 20,
+            np.uint32)
     finally:
         P.plan_backward.cache_clear()
 
