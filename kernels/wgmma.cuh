@@ -100,9 +100,11 @@ __device__ __forceinline__ void mbarrier_arrive_warp(unsigned long long* bar) {
 }
 
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src to shared
-// dst; the barrier's current phase completes when they have landed.
+// dst; the barrier's current phase completes when they have landed. (scripts/copy_probe.py
+// times copies of the tree that move fewer bytes, or fewer distinct ones, here.)
 __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes,
                                                     unsigned long long* bar) {
+    // copy probe
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wg_smem_addr(bar)), "r"(bytes)
                  : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
