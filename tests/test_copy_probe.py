@@ -1,12 +1,11 @@
 """scripts/copy_probe.py without a GPU: each variant rewrites bulk_copy_to_shared's mark
 in kernels/wgmma.cuh, and a probed copy's planned D=256 backward kernels compile."""
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _script_runs import assert_copy_compiles_without_spills, script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -30,18 +29,9 @@ def test_each_variant_replaces_the_one_mark_in_bulk_copy_to_shared():
 
 
 def test_a_probed_copy_compiles_for_sm_90a_without_spills():
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "copy_probe.py"), "--compile-only",
-                          "--variants", "same-source", "--cases", "fp32:256"],
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    if res.returncode != 0 and "libnvrtc" in res.stdout + res.stderr:
-        pytest.skip("no NVRTC")
-    assert res.returncode == 0, res.stdout + res.stderr
-    lines = [line for line in res.stdout.splitlines() if "registers" in line]
-    assert len(lines) == 2 and all(line.endswith(" 0 bytes spilled") for line in lines), res.stdout
+    assert_copy_compiles_without_spills("copy_probe.py", "--variants", "same-source", "--cases", "fp32:256")
 
 
 def test_unknown_variants_are_named():
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "copy_probe.py"), "--compile-only",
-                          "--variants", "half,quarter"], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    res = script("copy_probe.py", "--compile-only", "--variants", "half,quarter")
     assert res.returncode == 2 and "quarter" in res.stderr

@@ -1,12 +1,11 @@
 """scripts/phase_clocks.py without a GPU: the clock marks of kernels/attn_bwd_wgmma.cuh
 become code in the copy, and the copy's planned D=256 kernels compile without spills."""
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _script_runs import assert_copy_compiles_without_spills
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -29,13 +28,7 @@ def test_every_clock_mark_becomes_code_and_the_phases_are_the_marked_ones():
 
 
 def test_the_instrumented_kernels_compile_for_sm_90a_without_spills():
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "phase_clocks.py"), "--dim", "256", "--compile-only"],
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    if res.returncode != 0 and "libnvrtc" in res.stdout + res.stderr:
-        pytest.skip("no NVRTC")
-    assert res.returncode == 0, res.stdout + res.stderr
-    lines = [line for line in res.stdout.splitlines() if "registers" in line]
-    assert len(lines) == 2 and all(line.endswith(" 0 bytes spilled") for line in lines), res.stdout
+    assert_copy_compiles_without_spills("phase_clocks.py", "--dim", "256")
 
 
 def test_timeline_splits_the_sms_time_into_loop_between_and_idle_at_the_end():
