@@ -356,10 +356,12 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
                                   ((b * n_heads_q + h_kv * group) * n_q_tiles + m_begin / BLOCK_M) * L::STAGE_BYTES;
     // Items run from the group's last query head and tile down to its first head's tile
     // m_begin: causal blocks end at their own m_begin (BLOCK_N / BLOCK_M tiles later a key
-    // tile) but all start at the last tile, so blocks of a head dispatched together read
-    // the same staged tile at about the same time, where ascending they set off tiles apart.
-    // "fp32" D=256 backward -1.8..-2.0% causal and not, D=128 -0.9% / -1.2%, "tf32" within
-    // +-1% (scripts/ab_trees.py and an A/B/A/B bench_fp32.py, twenty-fourth session).
+    // tile) but all start at the last tile, so that blocks of a head dispatched together
+    // read the same staged tile at about the same time (ascending, they set off tiles
+    // apart). The whole backward: "fp32" D=256 -1.8..-2.0% causal and not, D=128 -0.9% /
+    // -1.2%, "tf32" within +-1% (ab_trees.py, an A/B/A/B bench_fp32.py); the instrumented
+    // dK/dV launch alone (phase_clocks.py) -0.3% causal, -1.7% not: why the call gains
+    // more is not settled (BENCHMARKS.md, twenty-fourth session).
     // Item after item by a cursor (head, m, its staged tile's index), without a division:
     // a division at each fetch cost the fetching thread ~30 instructions and a MUFU round
     // trip, and the rest of the block waits for its warp at the next wgmma.
