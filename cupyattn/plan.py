@@ -433,6 +433,22 @@ class WgmmaConfig:
         memory beside the tiles a block keeps, else one (``_staged_tiles``)."""
         return self.layout["barriers"].shape[0]
 
+    def _kept_pair(self, names: tuple, rows: int, as_words: bool) -> LayoutBuilder:
+        """The two tiles (rows x head_dim_pad) a block keeps for the whole launch: float32
+        words in register A order (``as_words``), else TF32 parts in core-matrix order."""
+        if not as_words:
+            return self._tf32_tile(self._tf32_tile(LayoutBuilder(), names[0], (rows, self.head_dim_pad)), names[1],
+                                   (rows, self.head_dim_pad))
+        words = "float32 in each lane's wgmma A-register order, split into TF32 parts per k-step in registers"
+        b = LayoutBuilder()
+        for name in names:
+            b = b.add(name, (1, rows, self.head_dim_pad), "float32", words)
+        return b
+
+    def _two_stages_fit(self, kept_bytes: int) -> bool:
+        """Two stages of staged tiles (and their mbarriers) fit beside ``kept_bytes``."""
+        return kept_bytes + 2 * (self.staging.tile_bytes + self.BARRIERS * 8) <= SM90_SMEM_PER_BLOCK
+
     def _staged_tiles(self, builder: LayoutBuilder, name: str, what: str, shape: tuple,
                       free_barriers: bool = False) -> LayoutBuilder:
         """After the tiles a block keeps: one or two copies of the tile ``staging`` writes
@@ -441,7 +457,7 @@ class WgmmaConfig:
         with one stage and ``free_barriers``, two more that count the consumer warps done
         with each part, for a producer warpgroup)."""
         staging = self.staging
-        two = builder.end + 2 * (staging.tile_bytes + self.BARRIERS * 8) <= SM90_SMEM_PER_BLOCK
+        two = self._two_stages_fit(builder.end)
         stages = 2 if two else 1
         builder = builder.add(name, (stages, *shape), "float32",
                               f"{stages} stage{'s' if two else ''} of {what}; {self._parts_text} in core-matrix "
@@ -761,12 +777,7 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
 
     def _kept_tiles(self) -> LayoutBuilder:
         """The tiles a block keeps, before the staged query tiles."""
-        n, d = self.block_n, self.head_dim_pad
-        if self.kv_in_registers:
-            words = "float32 in each lane's wgmma A-register order, split into TF32 parts per k-step in registers"
-            return LayoutBuilder().add("k_tile", (1, n, d), "float32", words).add("v_tile", (1, n, d), "float32", words)
-        b = self._tf32_tile(LayoutBuilder(), "k_tile", (n, d))
-        return self._tf32_tile(b, "v_tile", (n, d))
+        return self._kept_pair(("k_tile", "v_tile"), self.block_n, self.kv_in_registers)
 
     @property
     def staging(self) -> StagingConfig:
@@ -889,11 +900,7 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
         """A pair of warpgroups (d_split 2) with one stage: a producer warpgroup issues the stage's
         copies as the consumer warps free its parts (kernels/attn_bwd_wgmma.cuh,
         dq_producer_warp), where they met at a block barrier before."""
-        if self.d_split != 2:
-            return False
-        staging = self.staging
-        kept = 2 * (1 if self.q_in_registers else self.parts) * self.block_m * self.head_dim_pad * 4
-        return kept + 2 * (staging.tile_bytes + self.BARRIERS * 8) > SM90_SMEM_PER_BLOCK
+        return self.d_split == 2 and not self._two_stages_fit(self._kept_tiles().end)
 
     @property
     def valid(self) -> bool:
@@ -917,15 +924,13 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
-        d, m, n = self.head_dim_pad, self.block_m, self.block_n
-        if self.q_in_registers:
-            words = "float32 in each lane's wgmma A-register order, split into TF32 parts per k-step in registers"
-            b = LayoutBuilder().add("q_tile", (1, m, d), "float32", words).add("do_tile", (1, m, d), "float32", words)
-        else:
-            b = self._tf32_tile(LayoutBuilder(), "q_tile", (m, d))
-            b = self._tf32_tile(b, "do_tile", (m, d))
-        return self._staged_tiles(b, "kv_tiles", "a key tile's K, V and K^T (K transposed: the B operand "
-                                  "of dQ = dS K)", (3, self.parts, n, d), free_barriers=self.producer_warp).build()
+        return self._staged_tiles(self._kept_tiles(), "kv_tiles", "a key tile's K, V and K^T (K transposed: the "
+                                  "B operand of dQ = dS K)", (3, self.parts, self.block_n, self.head_dim_pad),
+                                  free_barriers=self.producer_warp).build()
+
+    def _kept_tiles(self) -> LayoutBuilder:
+        """The tiles a block keeps, before the staged key tiles."""
+        return self._kept_pair(("q_tile", "do_tile"), self.block_m, self.q_in_registers)
 
     @property
     def staging(self) -> StagingConfig:
