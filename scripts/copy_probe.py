@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from phase_clocks import compile_planned_backward  # (scripts/ is this script's own directory)
+
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = "wgmma.cuh"
 MARK = "    // copy probe\n"
@@ -65,17 +67,8 @@ def probed_copy(tree: Path, into: Path, variant: str) -> None:
 
 
 def _compile_worker(copy: str, case: str, causal: bool) -> None:
-    sys.path.insert(0, copy)
-    from cupyattn import compile as cc, plan as P
-    from cupyattn.device import named_device
-
     precision, dim = case.split(":")
-    problem = P.AttentionProblem("float32", int(dim), int(dim), causal, 4, 16, 16, 4096, 4096,
-                                 precision=(precision,))
-    bwd = P.plan_backward(problem, named_device("h200"))
-    for plan in (bwd.dkdv, bwd.dq):
-        report = cc.compile_only(plan.config, "sm_90")
-        print(f"{plan.config.name_expression}: {report.registers} registers, {report.spills} bytes spilled")
+    compile_planned_backward(copy, int(dim), precision, causal)
 
 
 def main():

@@ -126,23 +126,29 @@ def instrumented_copy(tree: Path, into: Path) -> list[str]:
     return phase_names(source)
 
 
-def _worker(copy: str, dim: int, precision: str, causal: bool, compile_only: bool):
+def compile_planned_backward(copy: str, dim: int, precision: str, causal: bool) -> None:
+    """Compile the dK/dV and dQ kernels the cupyattn in ``copy`` plans for the H200 (B=4,
+    H=16, S=4096) for sm_90a, without a GPU; print each one's registers and spills."""
     sys.path.insert(0, copy)
+    from cupyattn import compile as cc, plan as P
+    from cupyattn.device import named_device
+
+    problem = P.AttentionProblem("float32", dim, dim, causal, 4, 16, 16, 4096, 4096, precision=(precision,))
+    bwd = P.plan_backward(problem, named_device("h200"))
+    for plan in (bwd.dkdv, bwd.dq):
+        report = cc.compile_only(plan.config, "sm_90")
+        print(f"{plan.config.name_expression}: {report.registers} registers, {report.spills} bytes spilled")
+
+
+def _worker(copy: str, dim: int, precision: str, causal: bool, compile_only: bool):
+    if compile_only:
+        return compile_planned_backward(copy, dim, precision, causal)
+    sys.path.insert(0, copy)
+    import cupy
     import numpy as np
 
     import cupyattn
-    from cupyattn import api, compile as cc, plan as P, testing
-
-    problem = P.AttentionProblem("float32", dim, dim, causal, 4, 16, 16, 4096, 4096, precision=(precision,))
-    if compile_only:
-        from cupyattn.device import named_device
-
-        bwd = P.plan_backward(problem, named_device("h200"))
-        for plan in (bwd.dkdv, bwd.dq):
-            report = cc.compile_only(plan.config, "sm_90")
-            print(f"{plan.config.name_expression}: {report.registers} registers, {report.spills} bytes spilled")
-        return
-    import cupy
+    from cupyattn import api, compile as cc, testing
 
     rng = np.random.default_rng(0)
     shape = (4, 4096, 16, dim)
