@@ -110,7 +110,7 @@ def test_deterministic_backward_is_bitwise_reproducible(D):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
-def test_float32_backward_on_tensor_cores_is_bitwise_reproducible(precision, monkeypatch):
+def test_float32_backward_on_tensor_cores_is_bitwise_reproducible(precision, mma_backward_tiles_taken_away):
     """As the float16 case, for float32's tensor-core passes (on an sm_90 GPU the wgmma dK/dV
     and dQ passes, mma.sync's tiles taken away; "fp32" with its producer warpgroups) on a
     GQA group, causal, last tiles partial: their order of adds is fixed (dK/dV's query
@@ -118,23 +118,16 @@ def test_float32_backward_on_tensor_cores_is_bitwise_reproducible(precision, mon
     from cupyattn import plan as P
     from cupyattn.device import current_device
 
-    monkeypatch.setattr(P, "BWD_DKDV_MMA_TILES", ())
-    monkeypatch.setattr(P, "BWD_DQ_MMA_TILES", ())
-    P.plan_backward.cache_clear()
-    try:
-        spec = current_device()
-        if spec.compute_capability == (9, 0):
-            bplan = P.plan_backward(P.AttentionProblem("float32", 256, 256, True, 1, 4, 2, 1000, 1000,
-                                                       precision=(precision,)), spec)
-            assert isinstance(bplan.dkdv.config, P.BwdDkdvWgmmaConfig)
-            assert isinstance(bplan.dq.config, P.BwdDqWgmmaConfig)
-        (_, _, _, _), (q, k, v, dout) = _inputs(1, 1000, 1000, 4, 2, 256, 256, "float32", "bshd", False, 12)
-        out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True, precision=precision)
-        _same_bits_call_after_call(
-            lambda: cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, precision=precision), 20,
-            np.uint32)
-    finally:
-        P.plan_backward.cache_clear()
+    spec = current_device()
+    if spec.compute_capability == (9, 0):
+        bplan = P.plan_backward(P.AttentionProblem("float32", 256, 256, True, 1, 4, 2, 1000, 1000,
+                                                   precision=(precision,)), spec)
+        assert isinstance(bplan.dkdv.config, P.BwdDkdvWgmmaConfig)
+        assert isinstance(bplan.dq.config, P.BwdDqWgmmaConfig)
+    (_, _, _, _), (q, k, v, dout) = _inputs(1, 1000, 1000, 4, 2, 256, 256, "float32", "bshd", False, 12)
+    out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True, precision=precision)
+    _same_bits_call_after_call(
+        lambda: cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, precision=precision), 20, np.uint32)
 
 
 @pytest.mark.parametrize("D", [128, 256])

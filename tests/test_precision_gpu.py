@@ -266,19 +266,13 @@ def test_wgmma_backward_in_every_listed_tile(precision, D, causal, kind, tile, m
 
 
 @pytest.fixture
-def wgmma_backward_only(monkeypatch):
+def wgmma_backward_only(mma_backward_tiles_taken_away):
     """On an sm_90 GPU (else skip): the backward planned without mma.sync's tiles, so on
-    wgmma's where they fit, with the plan cache cleared before and after; the device."""
-    from cupyattn import plan as P
-
+    wgmma's where they fit (conftest's mma_backward_tiles_taken_away); the device."""
     spec = current_device()
     if spec.compute_capability != (9, 0):
         pytest.skip("wgmma needs an sm_90 GPU")
-    monkeypatch.setattr(P, "BWD_DKDV_MMA_TILES", ())
-    monkeypatch.setattr(P, "BWD_DQ_MMA_TILES", ())
-    P.plan_backward.cache_clear()
-    yield spec
-    P.plan_backward.cache_clear()
+    return spec
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
