@@ -20,15 +20,22 @@ def finish_time(works, slots):
     return max(free)
 
 
+def grid_blocks(heads, tiles, group):
+    """(head, rank) of each block in grid_slot's order: groups of ``group`` heads in turn,
+    each handing out its ranks heaviest (0) first, heads fastest."""
+    order = []
+    for first in range(0, heads, group):
+        n = min(group, heads - first)
+        order += [(h, r) for r in range(tiles) for h in range(first, first + n)]
+    return order
+
+
 def orders(tiles, heads):
     """Work of each block in grid order: heads-major with the heaviest tile first (the
     order before grid_slot), and grid_slot's groups of max(1, min(32, 256 // tiles)) heads."""
     by_head = [tiles - r for _ in range(heads) for r in range(tiles)]
     group = max(1, min(32, 256 // tiles))
-    grouped = []
-    for first in range(0, heads, group):
-        n = min(group, heads - first)
-        grouped += [tiles - r for r in range(tiles) for _ in range(n)]
+    grouped = [tiles - r for _, r in grid_blocks(heads, tiles, group)]
     return {"one head after another": by_head, f"groups of {group} heads": grouped}
 
 

@@ -1,11 +1,11 @@
 """How often a causal dK/dV launch's staged query tiles are still in L2 when a block reads
 them: a list-scheduling model (scripts/grid_order_model.py's) with an LRU cache.
 
-Grid order as kernels/simt_tiles.cuh grid_slot: groups of heads in turn, each handing out
-its key tiles heaviest first, heads fastest. Each of `slots` SMs takes the next block when
-it finishes; a block spends `prologue` time units, then one unit an item, reading staged
-tile (head, m) for m from q_per_k * rank (its first query tile that sees a key) to the
-last, ascending (before the twenty-fourth session) or descending (after). Every read is
+Grid order as kernels/simt_tiles.cuh grid_slot (grid_order_model.grid_blocks): groups of
+heads in turn, each handing out its key tiles heaviest first, heads fastest. Each of
+`slots` SMs takes the next block when it finishes; a block spends `prologue` time units,
+then one unit an item, reading staged tile (head, m) for m from q_per_k * rank (its first
+query tile that sees a key) to the last, ascending (before the twenty-fourth session) or descending (after). Every read is
 looked up in an LRU cache of `l2_tiles` tiles in time order. Prints the share of reads
 that miss (the distinct bytes fetched again from memory) and the makespan over an even
 split. A model: it knows nothing of the other traffic, of L2's two partitions or of the
@@ -20,14 +20,7 @@ import argparse
 import heapq
 from collections import OrderedDict
 
-
-def grid_blocks(heads: int, tiles: int, group: int) -> list[tuple[int, int]]:
-    """(head, rank) of each block in grid order (rank 0: the first key tile, the heaviest)."""
-    order = []
-    for first in range(0, heads, group):
-        n = min(group, heads - first)
-        order += [(h, r) for r in range(tiles) for h in range(first, first + n)]
-    return order
+from grid_order_model import grid_blocks  # (scripts/ is this script's own directory)
 
 
 def simulate(heads=64, tiles=64, q_per_k=4, slots=132, group=4, descending=True, l2_tiles=400, prologue=3):

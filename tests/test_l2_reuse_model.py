@@ -1,15 +1,14 @@
 """The L2 reuse model of a causal dK/dV launch (scripts/l2_reuse_model.py): its counting,
 and the figures BENCHMARKS.md quotes. CPU only."""
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "l2_reuse_model", Path(__file__).resolve().parents[1] / "scripts" / "l2_reuse_model.py")
-model = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(model)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import l2_reuse_model as model  # noqa: E402
 
 
 def test_every_block_once_and_every_read_counted():
