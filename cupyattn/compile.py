@@ -348,6 +348,9 @@ class _Nvrtc:
     def cubin(self, prog) -> bytes:
         return self._blob(prog, self.lib.nvrtcGetCUBINSize, self.lib.nvrtcGetCUBIN)
 
+    def ptx(self, prog) -> str:
+        return self._blob(prog, self.lib.nvrtcGetPTXSize, self.lib.nvrtcGetPTX).rstrip(b"\0").decode()
+
     def lowered_name(self, prog, expr: str) -> str:
         out = self._c.c_char_p()
         self._check(self.lib.nvrtcGetLoweredName(prog, expr.encode(), self._c.byref(out)))

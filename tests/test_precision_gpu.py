@@ -12,6 +12,7 @@ documented accuracy figures (docs/precision.md) are pinned at their own problem.
 import numpy as np
 import pytest
 from _gpu_cases import SETTINGS, problems
+from _tile_orders import tile_orders
 from hypothesis import given
 from hypothesis import strategies as st
 from test_backward_gpu import run_backward_and_check
@@ -119,19 +120,16 @@ def _staged_tiles_model(tiles, precision, d_pad, rows, rowwise=()):
     """NumPy model of the staging kernels' output (kernels/wgmma_staging.cuh). ``tiles``:
     (array, transposed) pairs of (B, S, H, D) float32 arrays, in the order a staged tile
     holds them; per (batch, head, tile of ``rows``): each one's TF32 parts, the row tile
-    in wgmma.cuh's core-matrix order (word ((c / 4) * (rows / 8) + r / 8) * 32 + (r % 8) * 4
-    + c % 4), the transposed one as rows d and slots (within 8 rows, row 2i at slot i and
-    row 2i + 1 at slot i + 4); then ``rowwise`` (B, H, S) arrays, ``rows`` values each;
-    zeros past the sequence and the head dim."""
+    in wgmma.cuh's core-matrix order, the transposed one as rows d and slots (within 8
+    rows, row 2i at slot i and row 2i + 1 at slot i + 4; _tile_orders.tile_orders); then
+    ``rowwise`` (B, H, S) arrays, ``rows`` values each; zeros past the sequence and the
+    head dim."""
     from cupyattn.reference import round_to
 
     B, S, H, D = tiles[0][0].shape
     n_tiles = -(-S // rows)
     parts = 2 if precision == "fp32" else 1
-    r, c = np.meshgrid(np.arange(rows), np.arange(d_pad), indexing="ij")
-    row_at = ((c // 4) * (rows // 8) + r // 8) * 32 + (r % 8) * 4 + c % 4  # row r, column c
-    slot = r // 8 * 8 + (r % 8) % 2 * 4 + (r % 8) // 2
-    transposed_at = ((slot // 4) * (d_pad // 8) + c // 8) * 32 + (c % 8) * 4 + slot % 4
+    row_at, transposed_at = tile_orders(rows, d_pad)
     words = len(tiles) * parts * rows * d_pad + len(rowwise) * rows
     out = np.zeros((B, H, n_tiles, words), np.float32)
     for i, (x, transposed) in enumerate(tiles):
