@@ -29,14 +29,14 @@ extern "C" __global__ void arithmetic_probe(const int* in, int* out, long long* 
     o[3] = ux >> (t % 32);
     o[4] = min(x, y) - max(x, y);
     o[5] = x < y ? x * 3 : y - x;
-    o[6] = (x & ~0xF0) | ((y << 4) & 0xF0);
+    o[6] = (ux & ~0xF0u) | ((uy << 4) & 0xF0u);
     o[7] = ux / uy + ux % uy;
-    o[8] = (x ^ y) + (x | y) * 5 - (x << (t % 8));
-    o[10] = x / 7 + (int)(ux / 28u);  // division by constants: high halves of products
+    o[8] = (ux ^ uy) + (ux | uy) * 5u - (ux << (t % 8));  // (unsigned: wrapping is defined)
+    o[9] = x / 7 + (int)(ux / 28u);  // division by constants: high halves of products
     wide[t] = (long long)x * y;
     words[t] = x;
     __syncthreads();
-    o[9] = words[(t + 1) % n];
+    o[10] = words[(t + 1) % n];
 }
 """
 
@@ -82,7 +82,7 @@ def test_integer_arithmetic_and_shared_memory_match_numpy():
     q, r = _truncated(x, y)
     want = np.stack([q, r, x >> (t % 32), ux >> (t % 32), np.minimum(x, y) - np.maximum(x, y),
                      np.where(x < y, x * 3, y - x), (x & ~0xF0) | ((y << 4) & 0xF0), ux // uy + ux % uy,
-                     (x ^ y) + (x | y) * 5 - (x << (t % 8)), np.roll(x, -1), _truncated(x, 7)[0] + ux // 28],
+                     (x ^ y) + (x | y) * 5 - (x << (t % 8)), _truncated(x, 7)[0] + ux // 28, np.roll(x, -1)],
                     axis=1)
     np.testing.assert_array_equal(out.reshape(n, 11), ((want + 2**31) % 2**32 - 2**31).astype(np.int32))
     np.testing.assert_array_equal(wide, x * y)
