@@ -1,25 +1,30 @@
-"""One block of a compiled probe kernel's PTX run on the CPU, so that a device function
-that only computes addresses and moves words (wgmma_tiles.cuh's rearrangements, ...) is
-checked as the compiler built it, where no GPU is at hand.
+"""A compiled kernel's PTX run on the CPU, block after block, so that device code that
+computes addresses, moves words and does float32 arithmetic (wgmma_tiles.cuh's
+rearrangements, the staging launches, ...) is checked as the compiler built it, where
+no GPU is at hand.
 
-The threads run one after the other, each up to the block's next barrier (bar.sync with
-no thread count: every thread of the block); a 4-byte word of shared memory that two
-threads touch between two barriers, one of them storing, is a race (RaceError; global
-memory is not checked). Integer arithmetic, predicates and branches, and moves of any
-word through registers and memory: an instruction outside that (floating-point
-arithmetic, shuffles, atomics, named barriers with a count, ...) raises
-NotImplementedError naming it, so a probe never runs partly emulated. Global memory is
-the kernel's array arguments, each at its own address.
+A block's threads run one after another, each up to its next meeting point: the block's
+barrier (bar.sync with no thread count) or its warp's shuffle (shfl.sync, the whole
+warp), where the lanes exchange values once all are there. A 4-byte word of shared
+memory that two threads touch between two barriers, one of them storing, is a race
+(RaceError; global memory is not checked). Emulated: integer and predicate arithmetic,
+branches, loads and stores, cp.async (done at once: its waits pass), float32 add, sub,
+mul and fma rounded to nearest even as the GPU rounds them (no flush to zero), TF32
+rounding (cvt.rna.tf32.f32); anything else (other float operations, atomics, named
+barriers with a count, ...) raises NotImplementedError naming the instruction, so a
+kernel never runs partly emulated. Global memory is the kernel's array arguments, each
+at its own address; shared memory starts as 0xFF bytes (NaN), not zeros.
 """
 
 import re
+import struct
+from fractions import Fraction
 
 import numpy as np
 
 _GLOBAL_BASE = 1 << 40  # argument i's array at (i + 1) << 40: no two overlap
 _SHARED_WINDOW = 1 << 56  # generic addresses of shared memory (cvta)
-_SPECIAL = ("%tid.x", "%ntid.x", "%laneid", "%warpid", "%tid.y", "%tid.z", "%ntid.y", "%ntid.z", "%ctaid.x",
-            "%ctaid.y", "%ctaid.z", "%nctaid.x", "%nctaid.y", "%nctaid.z")
+_BARRIER, _SHUFFLE, _EXIT = "barrier", "shuffle", "exit"  # where a thread stops
 
 
 class RaceError(AssertionError):
@@ -61,6 +66,52 @@ def _immediate(token: str):
     return None
 
 
+def _float(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
+
+
+def _bits(x) -> int:
+    return int(np.float32(x).view(np.uint32))
+
+
+def _nearest_f32(exact: Fraction, guess: float) -> np.float32:
+    """``exact`` rounded to float32, nearest and ties to even, from ``guess`` within an ulp."""
+    f = np.float32(guess)
+    if not np.isfinite(f):
+        return f
+    candidates = [c for c in (np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf)))
+                  if np.isfinite(c)]
+    return min(candidates, key=lambda c: (abs(Fraction(float(c)) - exact), int(c.view(np.uint32)) & 1))
+
+
+def _fma(a: float, b: float, c: float) -> int:
+    """fma.rn.f32: a * b + c rounded once."""
+    if not all(np.isfinite((a, b, c))):
+        return _bits(np.float32(a * b + c))
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    if exact == 0:  # (the sign of zero as IEEE gives it; a double rounds nothing here)
+        return _bits(np.float32(a * b + c))
+    return _bits(_nearest_f32(exact, float(exact)))
+
+
+def _tf32_rna(bits: int) -> int:
+    """cvt.rna.tf32.f32: the magnitude rounded half up at bit 13 (a carry may reach the
+    exponent, as rounding up should), the low 13 bits cleared."""
+    bits &= 0xFFFFFFFF
+    if bits & 0x7F800000 == 0x7F800000:
+        if bits & 0x7FFFFF:
+            raise NotImplementedError("cvt.rna.tf32.f32 of a NaN")
+        return bits
+    return (bits + 0x1000) & 0xFFFFE000
+
+
+# float32 operations on the operands' values (Python floats, exact): add, sub and mul
+# rounded once in double, then to float32, are rounded as once to float32 (53 >= 2 x 24 + 2).
+_FLOAT_OPS = {"add": lambda a, b, c: _bits(np.float32(a + b)), "sub": lambda a, b, c: _bits(np.float32(a - b)),
+              "mul": lambda a, b, c: _bits(np.float32(a * b)), "fma": _fma,
+              "neg": lambda a, b, c: _bits(np.float32(-a)), "abs": lambda a, b, c: _bits(np.float32(abs(a)))}
+
+
 def _integer_op(name: str, op: str, bits: int, signed: bool):
     """f(a, b, c) of one integer instruction on operands already masked to ``bits``."""
     def s(x):
@@ -94,7 +145,7 @@ def _integer_op(name: str, op: str, bits: int, signed: bool):
 
 
 class PtxKernel:
-    """The body of one .entry of ``ptx``, parsed once; ``run`` executes a block of it."""
+    """The body of one .entry of ``ptx``, parsed once; ``run`` executes a grid of it."""
 
     def __init__(self, ptx: str, entry: str | None = None):
         entries = re.findall(r"\.entry\s+(\w+)\s*\(", ptx)
@@ -102,7 +153,7 @@ class PtxKernel:
             if len(entries) != 1:
                 raise ValueError(f"name the entry: {entries}")
             entry = entries[0]
-        m = re.search(r"\.entry\s+" + re.escape(entry) + r"\s*\((.*?)\)\s*\{", ptx, re.S)
+        m = re.search(r"\.entry\s+" + re.escape(entry) + r"\s*\((.*?)\)[^{]*\{", ptx, re.S)  # (.maxntid, ...)
         if not m:
             raise ValueError(f"no entry {entry} in the PTX")
         self.params = re.findall(r"\.param\s+\.\w+\s+(\w+)", m.group(1))
@@ -113,10 +164,19 @@ class PtxKernel:
             depth -= ch == "}"
             body.append(ch)
             i += 1
-        shared = re.findall(r"\.shared\s+(?:\.align\s+\d+\s+)?\.\w+\s+(\w+)\[", ptx)
-        if len(shared) > 1:
-            raise NotImplementedError(f"shared arrays {shared}: one (dynamic shared memory, at 0) only")
-        self.shared_symbols = {name: 0 for name in shared}
+        # Shared arrays: the static ones one after another, the dynamic one (extern) after them.
+        self.shared_symbols, self.static_shared, dynamic = {}, 0, []
+        for extern, align, name, size in re.findall(
+                r"(\.extern\s+)?\.shared\s+\.align\s+(\d+)\s+\.\w+\s+(\w+)\[(\d*)\]", ptx):
+            if extern:
+                dynamic.append((int(align), name))
+                continue
+            self.static_shared = -(-self.static_shared // int(align)) * int(align)
+            self.shared_symbols[name] = self.static_shared
+            self.static_shared += int(size)
+        for align, name in dynamic:
+            self.static_shared = -(-self.static_shared // align) * align
+            self.shared_symbols[name] = self.static_shared
         self.statements, self.labels = [], {}
         text = re.sub(r"//[^\n]*", "", "".join(body[:-1]))
         for statement in re.split(r";|\n", text):
@@ -130,35 +190,40 @@ class PtxKernel:
             if statement and not statement.startswith("."):  # (declarations: .reg, ...)
                 self.statements.append(statement)
 
-    def run(self, threads: int, args: list, shared_bytes: int) -> list:
-        """Run one block of ``threads`` threads (x only) with ``args``: numpy arrays
-        (pointer parameters, read and written in place) or ints. Returns ``args``."""
-        _Block(self, threads, args, shared_bytes).run()
+    def run(self, threads: int, args: list, shared_bytes: int = 0, blocks: int = 1) -> list:
+        """Run ``blocks`` blocks (x only) of ``threads`` threads with ``args``, one block
+        after another: for a pointer, a contiguous numpy array or (array, byte offset)
+        (read and written in place; the same array twice is one allocation), else an int.
+        ``shared_bytes``: the dynamic shared memory. Returns ``args``."""
+        grid = _Grid(self, threads, args, shared_bytes, blocks)
+        for block in range(blocks):
+            grid.run_block(block)
         return args
 
 
-class _Block:
-    """A block's memory and threads; each statement decoded once into a step(thread's
-    registers) that returns the next statement's index, or None at a barrier / exit."""
+class _Grid:
+    """The kernel's memory and threads; each statement decoded once into a step(thread's
+    registers) that returns the next statement's index, or where the thread stops."""
 
-    def __init__(self, kernel: PtxKernel, threads: int, args: list, shared_bytes: int):
+    def __init__(self, kernel: PtxKernel, threads: int, args: list, shared_bytes: int, blocks: int):
         if len(args) != len(kernel.params):
             raise ValueError(f"{len(kernel.params)} parameters, {len(args)} arguments")
-        self.k, self.threads = kernel, threads
-        self.shared = np.zeros(shared_bytes, dtype=np.uint8)
-        self.arrays = []  # (base, byte view)
+        if threads % 32:
+            raise NotImplementedError("whole warps only")
+        self.k, self.threads, self.blocks = kernel, threads, blocks
+        self.shared_bytes = kernel.static_shared + shared_bytes
+        self.arrays = {}  # id(array) -> (base, byte view)
         self.param_values = {}
         for i, (name, arg) in enumerate(zip(kernel.params, args)):
-            if isinstance(arg, np.ndarray):
-                if not arg.flags.c_contiguous:
-                    raise ValueError(f"argument {i}: a contiguous array")
-                base = (i + 1) * _GLOBAL_BASE
-                self.arrays.append((base, arg.reshape(-1).view(np.uint8)))
-                self.param_values[name] = base
+            array, offset = arg if isinstance(arg, tuple) else (arg, 0)
+            if isinstance(array, np.ndarray):
+                if not array.flags.c_contiguous:
+                    raise ValueError(f"argument {i}: a contiguous array (or one and a byte offset)")
+                if id(array) not in self.arrays:
+                    self.arrays[id(array)] = ((len(self.arrays) + 1) * _GLOBAL_BASE, array.reshape(-1).view(np.uint8))
+                self.param_values[name] = self.arrays[id(array)][0] + offset
             else:
                 self.param_values[name] = int(arg)
-        self.epoch = 0
-        self.touched = {}  # shared word -> (epoch, its storing thread, its loading thread or -1: several)
         self.steps = [self._decode(pc, s) for pc, s in enumerate(kernel.statements)]
 
     # memory ------------------------------------------------------------------
@@ -169,7 +234,7 @@ class _Block:
             if address < 0 or address + size > self.shared.size:
                 raise IndexError(f"shared access at {address} ({size} bytes) outside {self.shared.size}")
             return self.shared, address, True
-        for base, view in self.arrays:
+        for base, view in self.arrays.values():
             if base <= address and address + size <= base + view.size:
                 return view, address - base, False
         raise IndexError(f"global access at {address:#x} ({size} bytes) outside every argument")
@@ -248,25 +313,54 @@ class _Block:
             target = self.k.labels[ops[0]]
             return lambda regs: target
         if name in ("ret", "exit"):
-            return lambda regs: -1
+            return lambda regs: _EXIT
         if name in ("bar", "barrier"):
             if op not in ("bar.sync", "barrier.sync", "barrier.sync.aligned") or len(ops) != 1:
                 raise NotImplementedError(f"{op} {', '.join(ops)} (only the whole block's barrier)")
-            return lambda regs: None
+            return lambda regs: _BARRIER
         if name in ("ld", "st"):
             return self._decode_memory(name, op, ops, nxt)
+        if name == "cp":
+            return self._decode_async_copy(op, ops, nxt)
+        if name == "shfl":
+            return self._decode_shuffle(op, ops)
         if name == "mov":
             if "{" in ops[0] + ops[1]:
                 raise NotImplementedError(f"{op} {', '.join(ops)} (vector moves)")
             dst, src = ops[0], self._operand(ops[1])
             return lambda regs: regs.__setitem__(dst, src(regs)) or nxt
+        if name == "selp":
+            dst, a, b, p = ops[0], self._operand(ops[1]), self._operand(ops[2]), ops[3]
+            return lambda regs: regs.__setitem__(dst, a(regs) if regs[p] else b(regs)) or nxt
         if name == "cvta":
             if ".shared" not in op and ".global" not in op:
                 raise NotImplementedError(op)
             shift = 0 if ".global" in op else -_SHARED_WINDOW if ".to." in op else _SHARED_WINDOW
             dst, src = ops[0], self._operand(ops[1])
             return lambda regs: regs.__setitem__(dst, src(regs) + shift) or nxt
-        if re.search(r"\.f(16|32|64)\b", op) or name in ("shfl", "atom", "red", "vote", "mbarrier", "cp"):
+        if op.endswith(".pred"):  # and, or, xor, not of predicates
+            logic = {"and": lambda a, b: a and b, "or": lambda a, b: a or b, "xor": lambda a, b: a != b,
+                     "not": lambda a, b: not a}
+            if name not in logic:
+                raise NotImplementedError(op)
+            f, dst = logic[name], ops[0]
+            x, y = self._operand(ops[1]), self._operand(ops[2]) if len(ops) > 2 else (lambda regs: False)
+            return lambda regs: regs.__setitem__(dst, f(bool(x(regs)), bool(y(regs)))) or nxt
+        if op == "cvt.rna.tf32.f32":  # to TF32 (10 fraction bits), ties away from zero
+            dst, src = ops[0], self._operand(ops[1])
+            return lambda regs: regs.__setitem__(dst, _tf32_rna(src(regs))) or nxt
+        if re.search(r"\.(sat|cc|ftz|rz|rm|rp|rni|approx|full)\b", op) or name == "mad" and ".hi" in op:
+            raise NotImplementedError(op)  # (saturation, carries, flushes, other roundings)
+        if re.search(r"\.f(16|64)\b", op) or name == "setp" and ".f32" in op:
+            raise NotImplementedError(op)
+        if ".f32" in op:
+            if name not in _FLOAT_OPS or name == "fma" and ".rn" not in op:
+                raise NotImplementedError(op)
+            f, dst = _FLOAT_OPS[name], ops[0]
+            sources = [self._operand(t) for t in ops[1:]] + [lambda regs: 0] * (4 - len(ops))
+            x, y, z = sources
+            return lambda regs: regs.__setitem__(dst, f(_float(x(regs)), _float(y(regs)), _float(z(regs)))) or nxt
+        if name in ("atom", "red", "vote", "mbarrier", "fence", "membar"):
             raise NotImplementedError(op)
         if name == "setp":
             m = re.fullmatch(r"setp\.(eq|ne|lt|le|gt|ge|lo|ls|hi|hs)\.([sub])(\d+)", op)
@@ -281,11 +375,6 @@ class _Block:
                 return lambda regs: regs.__setitem__(
                     dst, getattr(_signed(a(regs), bits), compare)(_signed(b(regs), bits))) or nxt
             return lambda regs: regs.__setitem__(dst, getattr(a(regs) & mask, compare)(b(regs) & mask)) or nxt
-        if name == "selp":
-            dst, a, b, p = ops[0], self._operand(ops[1]), self._operand(ops[2]), ops[3]
-            return lambda regs: regs.__setitem__(dst, a(regs) if regs[p] else b(regs)) or nxt
-        if re.search(r"\.(sat|cc)\b", op) or name == "mad" and ".hi" in op:  # (saturation, carries)
-            raise NotImplementedError(op)
         if name == "cvt":  # between integer widths: cvt.dst.src
             (_, dst_bits), (src_kind, src_bits) = _types(op)
             dst, src = ops[0], self._operand(ops[1])
@@ -336,9 +425,9 @@ class _Block:
             if name != "ld":
                 raise NotImplementedError(op)
             dst, value = ops[0], self.param_values[ops[1].strip("[]").strip()]
-            return lambda regs: regs.__setitem__(dst, value) or nxt
-        registers = (ops[0] if name == "ld" else ops[1]).strip("{}").split(",")
-        registers = [r.strip() for r in registers]
+            mask = (1 << (8 * size)) - 1
+            return lambda regs: regs.__setitem__(dst, value & mask) or nxt
+        registers = [r.strip() for r in (ops[0] if name == "ld" else ops[1]).strip("{}").split(",")]
         if len(registers) != count:
             raise NotImplementedError(f"{op} {', '.join(ops)}")
         address = self._address(ops[1] if name == "ld" else ops[0])
@@ -358,25 +447,88 @@ class _Block:
             return nxt
         return store
 
+    def _decode_async_copy(self, op: str, ops: list, nxt: int):
+        """cp.async's copy done at once (a shared store now: the waits that follow pass);
+        its groups and waits, nothing."""
+        if re.fullmatch(r"cp\.async\.(commit_group|wait_group|wait_all)", op):
+            return lambda regs: nxt
+        if not re.fullmatch(r"cp\.async\.c[ag]\.shared(::cta)?\.global(\.L2::\d+B)?", op) or len(ops) not in (3, 4):
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        dst, src, size = self._address(ops[0]), self._address(ops[1]), int(ops[2])
+        src_size = self._operand(ops[3]) if len(ops) == 4 else (lambda regs: size)
+
+        def copy(regs):
+            n, t = src_size(regs), regs["%tid.x"]
+            data = [self.load(t, "global", src(regs) + i, 1) for i in range(n)] + [0] * (size - n)
+            self.store(t, "shared", dst(regs), size, int.from_bytes(bytes(data), "little"))
+            return nxt
+        return copy
+
+    def _decode_shuffle(self, op: str, ops: list):
+        """shfl.sync over the whole warp: the lane stops with what it offers; the block
+        exchanges once every lane of the warp is there (_exchange)."""
+        m = re.fullmatch(r"shfl\.sync\.(bfly|down|idx)\.b32", op)
+        if not m or len(ops) != 5:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        dst, _, predicate = ops[0].partition("|")
+        value, lane_arg, clamp, member_mask = (self._operand(t) for t in ops[1:])
+        mode = m.group(1)
+
+        def offer(regs):
+            if clamp(regs) & 0xFFFF != 31 or member_mask(regs) & 0xFFFFFFFF != 0xFFFFFFFF:
+                raise NotImplementedError(f"{op} {', '.join(ops)}: only the whole warp, unclamped")
+            regs["shuffle"] = (mode, value(regs), lane_arg(regs) & 31, dst.strip(), predicate.strip())
+            return _SHUFFLE
+        return offer
+
     # execution -----------------------------------------------------------------
-    def run(self):
-        specials = {"%ntid.x": self.threads, "%ntid.y": 1, "%ntid.z": 1, "%tid.y": 0, "%tid.z": 0, "%ctaid.x": 0,
-                    "%ctaid.y": 0, "%ctaid.z": 0, "%nctaid.x": 1, "%nctaid.y": 1, "%nctaid.z": 1}
+    @staticmethod
+    def _exchange(lanes: list):
+        offers = [regs.pop("shuffle") for regs in lanes]
+        for lane, (regs, (mode, _, b, dst, predicate)) in enumerate(zip(lanes, offers)):
+            source = lane ^ b if mode == "bfly" else lane + b if mode == "down" else b
+            valid = source < 32
+            regs[dst] = offers[source if valid else lane][1]
+            if predicate:
+                regs[predicate] = valid
+
+    def run_block(self, block: int):
+        self.shared = np.full(self.shared_bytes, 0xFF, dtype=np.uint8)  # (not zeros: nothing relies on them)
+        self.touched, self.epoch = {}, 0
+        specials = {"%ntid.x": self.threads, "%ntid.y": 1, "%ntid.z": 1, "%tid.y": 0, "%tid.z": 0,
+                    "%ctaid.x": block, "%ctaid.y": 0, "%ctaid.z": 0, "%nctaid.x": self.blocks, "%nctaid.y": 1,
+                    "%nctaid.z": 1}
         threads = [dict(specials, **{"%tid.x": t, "%laneid": t % 32, "%warpid": t // 32})
                    for t in range(self.threads)]
-        pcs = [0] * self.threads
+        pcs, stops = [0] * self.threads, [None] * self.threads
         steps = self.steps
         while True:
             for t, regs in enumerate(threads):
-                pc = pcs[t]
-                while pc is not None and pc >= 0:
-                    last, pc = pc, steps[pc](regs)
-                pcs[t] = -1 if pc == -1 else last  # at its exit, or at the barrier it stopped at
-            live = [t for t in range(self.threads) if pcs[t] >= 0]
+                if stops[t] is None:
+                    pc = pcs[t]
+                    while True:
+                        nxt = steps[pc](regs)
+                        if isinstance(nxt, str):
+                            break
+                        pc = nxt
+                    pcs[t], stops[t] = pc, nxt  # at the statement it stopped at
+            moved = False
+            for w in range(0, self.threads, 32):
+                if all(stops[t] == _SHUFFLE for t in range(w, w + 32)):
+                    if len({pcs[t] for t in range(w, w + 32)}) > 1:
+                        raise NotImplementedError(f"warp {w // 32}'s lanes at different shuffles")
+                    self._exchange(threads[w:w + 32])
+                    for t in range(w, w + 32):
+                        pcs[t], stops[t] = pcs[t] + 1, None
+                    moved = True
+            if moved:
+                continue
+            live = [t for t in range(self.threads) if stops[t] != _EXIT]
             if not live:
                 return
-            if len({pcs[t] for t in live}) > 1:
-                raise NotImplementedError("threads wait at different barriers")
+            if any(stops[t] != _BARRIER for t in live) or len({pcs[t] for t in live}) > 1:
+                raise NotImplementedError("threads wait at different barriers or shuffles (or a warp's "
+                                          "shuffle misses lanes)")
             for t in live:  # every live thread is at the block's barrier: all pass it
-                pcs[t] += 1
+                pcs[t], stops[t] = pcs[t] + 1, None
             self.epoch += 1

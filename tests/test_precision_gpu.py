@@ -12,7 +12,7 @@ documented accuracy figures (docs/precision.md) are pinned at their own problem.
 import numpy as np
 import pytest
 from _gpu_cases import SETTINGS, problems
-from _tile_orders import tile_orders
+from _tile_orders import staged_tiles
 from hypothesis import given
 from hypothesis import strategies as st
 from test_backward_gpu import run_backward_and_check
@@ -116,38 +116,6 @@ def test_wgmma_forward_in_every_planned_tile(precision, D, causal, tile, monkeyp
         P.plan_forward.cache_clear()
 
 
-def _staged_tiles_model(tiles, precision, d_pad, rows, rowwise=()):
-    """NumPy model of the staging kernels' output (kernels/wgmma_staging.cuh). ``tiles``:
-    (array, transposed) pairs of (B, S, H, D) float32 arrays, in the order a staged tile
-    holds them; per (batch, head, tile of ``rows``): each one's TF32 parts, the row tile
-    in wgmma.cuh's core-matrix order, the transposed one as rows d and slots (within 8
-    rows, row 2i at slot i and row 2i + 1 at slot i + 4; _tile_orders.tile_orders); then
-    ``rowwise`` (B, H, S) arrays, ``rows`` values each; zeros past the sequence and the
-    head dim."""
-    from cupyattn.reference import round_to
-
-    B, S, H, D = tiles[0][0].shape
-    n_tiles = -(-S // rows)
-    parts = 2 if precision == "fp32" else 1
-    row_at, transposed_at = tile_orders(rows, d_pad)
-    words = len(tiles) * parts * rows * d_pad + len(rowwise) * rows
-    out = np.zeros((B, H, n_tiles, words), np.float32)
-    for i, (x, transposed) in enumerate(tiles):
-        padded = np.zeros((B, H, n_tiles * rows, d_pad), np.float32)
-        padded[:, :, :S, :D] = x.transpose(0, 2, 1, 3)
-        big = round_to(padded, "tf32")
-        for p, part in enumerate([big, padded - big][:parts]):
-            at = (i * parts + p) * rows * d_pad + (transposed_at if transposed else row_at)
-            for t in range(n_tiles):
-                out[:, :, t][..., at] = part[:, :, t * rows:(t + 1) * rows]
-    for i, x in enumerate(rowwise):
-        padded = np.zeros((B, H, n_tiles * rows), np.float32)
-        padded[:, :, :S] = x
-        start = len(tiles) * parts * rows * d_pad + i * rows
-        out[..., start:start + rows] = padded.reshape(B, H, n_tiles, rows)
-    return out.reshape(-1)
-
-
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
 @pytest.mark.parametrize("operands", ["forward keys", "dq keys", "dkdv queries"])
 @pytest.mark.parametrize("D,rows", [(40, 16), (64, 64), (128, 32), (256, 16)])
@@ -184,12 +152,12 @@ def test_staged_tiles_match_the_wgmma_kernels_shared_memory_layout(precision, op
         np.testing.assert_array_equal(delta.view(np.uint32), own.view(np.uint32))
         exact = np.einsum("bshd,bshd->bhs", b.astype(np.float64), o.get().astype(np.float64))
         np.testing.assert_allclose(delta, exact, rtol=1e-5, atol=1e-5)
-        want = _staged_tiles_model([(a, False), (b, False), (a, True), (b, True)], precision, staging.head_dim_pad,
-                                   rows, rowwise=(lse * np.float32(1.4426950408889634), delta))  # LOG2E
+        want = staged_tiles([(a, False), (b, False), (a, True), (b, True)], precision, staging.head_dim_pad, rows,
+                            rowwise=(lse * np.float32(1.4426950408889634), delta))  # LOG2E
     else:
         got = api.stage_tiles(staging, spec, on_gpu[:, :, 0], on_gpu[:, :, 1])
         order = [(a, False), (b, True)] if operands == "forward keys" else [(a, False), (b, False), (a, True)]
-        want = _staged_tiles_model(order, precision, staging.head_dim_pad, rows)
+        want = staged_tiles(order, precision, staging.head_dim_pad, rows)
     got = got.get()
     assert got.size * 4 == staging.workspace_bytes(B, H, S)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

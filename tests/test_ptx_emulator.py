@@ -1,15 +1,16 @@
 """_ptx_emulator, the CPU run of a probe kernel's PTX, against NumPy on kernels compiled
 here by NVRTC: the integer arithmetic it emulates, shared memory across a barrier, races
-between barriers, a refusal to run what it does not emulate; then wgmma_tiles.cuh's
-shared-memory rearrangements (transpose_core_tile, zero_transposed_rows) as compiled,
-on the CPU (the GPU tests run them inside the kernels)."""
+between barriers, float32 rounding, warp shuffles, a refusal to run what it does not
+emulate; then wgmma_tiles.cuh's shared-memory rearrangements (transpose_core_tile,
+zero_transposed_rows) and the staging launches (wgmma_staging.cuh) as compiled, on the
+CPU (the GPU tests run them on the GPU)."""
 
 import numpy as np
 import pytest
 
 from _probes import CORE_TILE_PROBES, compile_probe
 from _ptx_emulator import PtxKernel, RaceError
-from _tile_orders import core_offset, slot_row
+from _tile_orders import core_offset, slot_row, staged_tiles
 from test_compile import _nvrtc_reason
 
 pytestmark = pytest.mark.skipif(_nvrtc_reason() is not None, reason=str(_nvrtc_reason()))
@@ -52,7 +53,32 @@ __global__ void neighbour_probe(int* out) {
 """
 
 FLOAT_PROBE = r"""
-extern "C" __global__ void float_probe(const float* in, float* out) { out[threadIdx.x] = in[threadIdx.x] * 3.0f; }
+extern "C" __global__ void float_probe(const float* a, const float* b, const float* c, float* out) {
+    const int t = threadIdx.x;
+    float* o = out + 4 * t;
+    o[0] = __fmaf_rn(a[t], b[t], c[t]);
+    o[1] = __fadd_rn(a[t], b[t]);
+    o[2] = __fmul_rn(a[t], c[t]);
+    o[3] = __fsub_rn(b[t], c[t]);
+}
+"""
+
+SHUFFLE_PROBE = r"""
+// A warp's sum by butterfly, lane ^ 5's, a lane three on (its own past the warp's end),
+// lane 5's.
+extern "C" __global__ void shuffle_probe(const int* in, int* out) {
+    const int t = threadIdx.x, x = in[t];
+    int sum = x;
+    for (int m = 16; m; m /= 2) sum += __shfl_xor_sync(0xffffffff, sum, m);
+    out[4 * t] = sum;
+    out[4 * t + 1] = __shfl_xor_sync(0xffffffff, x, 5);
+    out[4 * t + 2] = __shfl_down_sync(0xffffffff, x, 3);
+    out[4 * t + 3] = __shfl_sync(0xffffffff, x, 5);
+}
+"""
+
+DIVIDE_PROBE = r"""
+extern "C" __global__ void divide_probe(const float* in, float* out) { out[threadIdx.x] = in[threadIdx.x] / 3.0f; }
 """
 
 
@@ -96,9 +122,39 @@ def test_a_word_read_back_across_the_barrier_runs_and_without_it_is_a_race():
         _kernel(NEIGHBOUR_PROBE, "neighbour_probe<false>").run(96, [out], 96 * 4)
 
 
+def test_float32_arithmetic_is_rounded_once_as_the_gpu_rounds_it():
+    n = 64
+    rng = np.random.default_rng(3)
+    a, b, c = ((rng.standard_normal(n) * 2.0 ** rng.integers(-20, 20, n)).astype(np.float32) for _ in range(3))
+    # a * b = 1 + 2^-11 + 2^-24, halfway between two floats; c = +-2^-70 decides: rounded in
+    # double first, both would tie to the even 1 + 2^-11.
+    a[:2] = b[:2] = np.float32(1 + 2**-12)
+    c[:2] = np.float32(2**-70), np.float32(-2**-70)
+    out = np.full(4 * n, np.nan, dtype=np.float32)
+    _kernel(FLOAT_PROBE, "float_probe").run(n, [a, b, c, out])
+    out = out.reshape(n, 4)
+    assert out[0, 0] == np.float32(1 + 2**-11 + 2**-23) and out[1, 0] == np.float32(1 + 2**-11)
+    fma = (a.astype(np.float64) * b + c).astype(np.float32)  # (double rounding: wrong only at such ties)
+    np.testing.assert_array_equal(out[2:, 0], fma[2:])
+    np.testing.assert_array_equal(out[:, 1:], np.stack([a + b, a * c, b - c], axis=1))
+
+
+def test_warp_shuffles_exchange_the_lanes_values():
+    n = 64
+    x = np.random.default_rng(5).integers(-1000, 1000, n).astype(np.int32)
+    out = np.zeros(4 * n, dtype=np.int32)
+    _kernel(SHUFFLE_PROBE, "shuffle_probe").run(n, [x, out])
+    warps = x.reshape(2, 32)
+    lane = np.arange(32)
+    down = np.where(lane + 3 < 32, np.roll(warps, -3, axis=1), warps)
+    want = np.stack([np.repeat(warps.sum(axis=1), 32), warps[:, lane ^ 5].reshape(-1), down.reshape(-1),
+                     np.repeat(warps[:, 5], 32)], axis=1)
+    np.testing.assert_array_equal(out.reshape(n, 4), want)
+
+
 def test_what_it_does_not_emulate_is_refused_by_name():
-    with pytest.raises(NotImplementedError, match="mul.f32|mul.rn.f32"):
-        _kernel(FLOAT_PROBE, "float_probe").run(32, [np.ones(32, np.float32), np.zeros(32, np.float32)], 0)
+    with pytest.raises(NotImplementedError, match=r"div\.rn\.f32|rcp"):
+        _kernel(DIVIDE_PROBE, "divide_probe").run(32, [np.ones(32, np.float32), np.zeros(32, np.float32)])
 
 
 def test_shared_memory_outside_the_launch_s_bytes_is_an_error():
@@ -138,3 +194,51 @@ def test_zero_transposed_rows_zeroes_the_rows_from_its_index_and_keeps_the_rest(
     want = np.where(np.tile(zeroed, parts), 0, words)
     assert (out == 0).sum() >= parts * d_pad * (rows - from_row)  # (random words are rarely 0)
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("precision,operands,D,rows", [("fp32", "dkdv queries", 40, 16), ("tf32", "dkdv queries", 64, 32),
+                                                       ("fp32", "dq keys", 72, 16), ("fp32", "forward keys", 40, 16),
+                                                       ("tf32", "forward keys", 32, 64)])
+def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(precision, operands, D, rows):
+    """The staging kernels (the launch's grid, one block after another) from strided views
+    of two operands interleaved in one array, a partial last tile, the head dim padded:
+    every word as staged_tiles models it (TF32 parts split as the kernels do); the query
+    tiles' delta = rowsum(dO * O), to delta and beside lse, bit for bit as attn_bwd_delta's
+    kernel computes it (test_precision_gpu's test of the same runs on the GPU)."""
+    from cupyattn import api
+    from cupyattn.compile import kernel_source, target_arch
+    from cupyattn.plan import BwdDeltaConfig, StagingConfig, mma_head_dim_pad
+
+    def run(config, blocks, args):
+        _, ptx, entry = compile_probe(kernel_source(config), config.name_expression, target_arch(config, "sm_90"))
+        PtxKernel(ptx, entry).run(config.threads, args, blocks=blocks)
+
+    B, S, H = 1, rows + 5, 2
+    rng = np.random.default_rng(D + rows)
+    pair = rng.standard_normal((B, S, 2, H, D)).astype(np.float32)
+    a, b = pair[:, :, 0], pair[:, :, 1]
+    views = [(pair, 0), (pair, H * D * 4)]  # a and b: pointers into one array
+    staging = StagingConfig(operands, precision, mma_head_dim_pad(D), rows)
+    staged = np.full(staging.workspace_bytes(B, H, S) // 4, np.nan, dtype=np.float32)
+    blocks = staging.tiles(S) * B * H
+    sizes = (np.int32(H), np.int32(S), np.int32(D), np.int32(staging.tiles(S)))
+    if operands == "dkdv queries":
+        o_pair = rng.standard_normal((B, S, 2, H, D)).astype(np.float32)
+        o = o_pair[:, :, 1]  # strided as dO
+        lse = rng.standard_normal((B, H, S)).astype(np.float32)
+        delta, own = np.full((B, H, S), np.nan, np.float32), np.full((B, H, S), np.nan, np.float32)
+        run(staging, blocks, [*views, (o_pair, H * D * 4), lse, delta, staged, *api._elem_strides(a),
+                              *api._elem_strides(b), *api._elem_strides(o), *sizes])
+        cfg, n_rows = BwdDeltaConfig("float32"), B * H * S
+        run(cfg, -(-n_rows // cfg.rows_per_block), [views[1], (o_pair, H * D * 4), own, *api._elem_strides(b),
+                                                   *api._elem_strides(o), *sizes[:3], np.int64(n_rows)])
+        np.testing.assert_array_equal(delta.view(np.uint32), own.view(np.uint32))
+        exact = np.einsum("bshd,bshd->bhs", b.astype(np.float64), o.astype(np.float64))
+        np.testing.assert_allclose(delta, exact, rtol=1e-5, atol=1e-5)
+        want = staged_tiles([(a, False), (b, False), (a, True), (b, True)], precision, staging.head_dim_pad, rows,
+                            rowwise=(lse * np.float32(1.4426950408889634), delta))  # LOG2E
+    else:
+        run(staging, blocks, [*views, staged, *api._elem_strides(a), *api._elem_strides(b), *sizes])
+        order = [(a, False), (b, True)] if operands == "forward keys" else [(a, False), (b, False), (a, True)]
+        want = staged_tiles(order, precision, staging.head_dim_pad, rows)
+    np.testing.assert_array_equal(staged.view(np.uint32), want.view(np.uint32))
