@@ -2,14 +2,23 @@
 on the CPU; run by the GPU tests and, where they only move words, by _ptx_emulator on
 the CPU)."""
 
+import functools
+
 from cupyattn import compile as cc
 
 
 def compile_probe(source: str, name: str, arch: str = "sm_90") -> tuple[bytes, str, str]:
     """``source``'s kernel ``name`` (a name expression) compiled by NVRTC for ``arch``
-    with the kernels' options, no GPU needed: (cubin, PTX, the entry's mangled name)."""
+    with the kernels' options, no GPU needed: (cubin, PTX, the entry's mangled name).
+    Compiled once a process (tests share a probe across their parameters)."""
+    return _compiled(cc.hashed_source(source), name, arch)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(source: str, name: str, arch: str) -> tuple[bytes, str, str]:
+    # (keyed by the hashed source: an edit of any kernel header is another key)
     nvrtc = cc._Nvrtc.for_arch(arch)
-    prog = nvrtc.create_program(cc.hashed_source(source), "probe.cu")
+    prog = nvrtc.create_program(source, "probe.cu")
     try:
         nvrtc.add_name_expression(prog, name)
         nvrtc.compile_program(prog, cc._options(nvrtc, arch))

@@ -82,8 +82,8 @@ extern "C" __global__ void divide_probe(const float* in, float* out) { out[threa
 """
 
 
-def _kernel(source, name):
-    _, ptx, entry = compile_probe(source, name)
+def _kernel(source, name, arch="sm_90"):
+    _, ptx, entry = compile_probe(source, name, arch)
     return PtxKernel(ptx, entry)
 
 
@@ -210,8 +210,8 @@ def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(p
     from cupyattn.plan import BwdDeltaConfig, StagingConfig, mma_head_dim_pad
 
     def run(config, blocks, args):
-        _, ptx, entry = compile_probe(kernel_source(config), config.name_expression, target_arch(config, "sm_90"))
-        PtxKernel(ptx, entry).run(config.threads, args, blocks=blocks)
+        _kernel(kernel_source(config), config.name_expression, target_arch(config, "sm_90")).run(
+            config.threads, args, blocks=blocks)
 
     B, S, H = 1, rows + 5, 2
     rng = np.random.default_rng(D + rows)
