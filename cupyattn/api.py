@@ -283,15 +283,16 @@ def _launch(config, spec, blocks: int, what: str, args, smem: int = 0):
 def stage_tiles(staging, spec, a, b, out=None, lse=None, delta=None):
     """The TF32 tiles a wgmma kernel copies whole (``plan.StagingConfig``), as a new flat
     float32 array of ``staging.workspace_bytes`` bytes: from K and V ((B, Sk, Hkv, D)
-    float32 views, last dimension contiguous) for "forward keys" / "dq keys"; from Q and
-    dO ((B, Sq, Hq, D)) for "dkdv queries", with the output O (as dO) and lse ((B, Hq,
-    Sq)), which also writes delta = rowsum(dO * O) ((B, Hq, Sq), as attn_bwd_delta)."""
+    float32 views, last dimension contiguous) for "forward keys", "dq keys" and "dq key
+    rows"; from Q and dO ((B, Sq, Hq, D)) for "dkdv queries" and "dkdv query rows", with
+    the output O (as dO) and lse ((B, Hq, Sq)), which also writes delta = rowsum(dO * O)
+    ((B, Hq, Sq), as attn_bwd_delta)."""
     import cupy
 
     B, S, H, D = a.shape
     staged = cupy.empty(staging.workspace_bytes(B, H, S) // 4, dtype=cupy.float32)
     tiles = staging.tiles(S)
-    queries = staging.operands == "dkdv queries"
+    queries = staging.queries
     rowwise = (_ptr(out), _ptr(lse), _ptr(delta)) if queries else ()
     _launch(staging, spec, tiles * B * H, "q" if queries else "k", (
         _ptr(a), _ptr(b), *rowwise, _ptr(staged), *_elem_strides(a), *_elem_strides(b),
@@ -454,7 +455,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
             staged = ()
             if staging is not None:  # the streamed tiles split into TF32 parts once, for every block
                 staged = (stage_tiles(staging, spec, qs, do_, os_, lse, delta)
-                          if staging.operands == "dkdv queries" else stage_tiles(staging, spec, ks, vs),)
+                          if staging.queries else stage_tiles(staging, spec, ks, vs),)
             return ((_ptr(qs), _ptr(ks), _ptr(vs), _ptr(do_), _ptr(lse), _ptr(delta)),
                     (*_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs), *_elem_strides(do_)), staged)
 

@@ -391,10 +391,19 @@ class WgmmaConfig:
     # compile, where it would otherwise launch with a thread count it does not expect.
     producer_warp = False
     PRODUCER_RULE: ClassVar[str] = ""
+    # Where the producer warpgroup also makes the transposed tiles from staged row tiles
+    # (``staging``: the row tiles only): the backward passes say where (their rows_staged);
+    # the kernel and its layout take it as their last template parameter (ROWS_ONLY).
+    rows_staged = False
 
     @property
     def threads(self) -> int:
         return self.num_warps * 32 + (128 if self.producer_warp else 0)
+
+    @property
+    def name_expression(self) -> str:
+        name = super().name_expression
+        return f"{name[:-1]}, true>" if self.rows_staged else name
 
     @property
     def layout_expression(self) -> str:
@@ -410,8 +419,9 @@ class WgmmaConfig:
                                  f"{self.block_n}, {self.num_warps}>()")
 
     def _layout_with(self, producer: str) -> str:
+        rows_only = ", true" if self.rows_staged else ""
         return (f"{self.LAYOUT}<{MMA_OPS[self.precision]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}"
-                f"{producer}>")
+                f"{producer}{rows_only}>")
 
     def _valid_tile(self, owned: int, streamed: int) -> bool:
         """What the kernels' static_asserts accept: float32 in a TF32 mode, 64 owned rows
@@ -445,9 +455,20 @@ class WgmmaConfig:
             b = b.add(name, (1, rows, self.head_dim_pad), "float32", words)
         return b
 
+    @property
+    def stage_bytes(self) -> int:
+        """Shared memory of one pipeline stage: the whole staged tile (its transposed tiles
+        too, where the kernel makes them from the row tiles: ``_stage_tile``)."""
+        return self._stage_tile.tile_bytes
+
+    @property
+    def _stage_tile(self) -> StagingConfig:
+        """The staged tile as one stage holds it (``staging``, its transposed tiles included)."""
+        return self.staging
+
     def _two_stages_fit(self, kept_bytes: int) -> bool:
         """Two stages of staged tiles (and their mbarriers) fit beside ``kept_bytes``."""
-        return kept_bytes + 2 * (self.staging.tile_bytes + self.BARRIERS * 8) <= SM90_SMEM_PER_BLOCK
+        return kept_bytes + 2 * (self.stage_bytes + self.BARRIERS * 8) <= SM90_SMEM_PER_BLOCK
 
     def _staged_tiles(self, builder: LayoutBuilder, name: str, what: str, shape: tuple,
                       free_barriers: bool = False) -> LayoutBuilder:
@@ -459,9 +480,12 @@ class WgmmaConfig:
         staging = self.staging
         two = self._two_stages_fit(builder.end)
         stages = 2 if two else 1
+        how = (f"copied whole (cp.async.bulk) from {staging.kernel_name}'s tiles" if staging.transposed else
+               f"the row tiles copied (cp.async.bulk) from {staging.kernel_name}'s, the transposed one made from "
+               f"them by the producer warpgroup")
         builder = builder.add(name, (stages, *shape), "float32",
                               f"{stages} stage{'s' if two else ''} of {what}; {self._parts_text} in core-matrix "
-                              f"order, copied whole (cp.async.bulk) from {staging.kernel_name}'s tiles")
+                              f"order, {how}")
         if stages == 1 and self.SPLIT_ONE_STAGE:
             if free_barriers:
                 return builder.add("barriers", (1, 4), "uint64", f"mbarriers: the stage's two parts "
@@ -484,12 +508,16 @@ class StagingConfig:
     split into TF32 parts once per call and written as one pipeline stage of that
     kernel's shared memory holds them, so that the kernel copies them whole instead of
     every block splitting every tile again. ``operands``: "forward keys" (K, V^T),
-    "dq keys" (K, V, K^T) or "dkdv queries" (Q, dO, Q^T, dO^T, lse, delta); ``rows`` per tile."""
+    "dq keys" (K, V, K^T) or "dkdv queries" (Q, dO, Q^T, dO^T, lse, delta); or the row
+    tiles alone, "dq key rows" (K, V) and "dkdv query rows" (Q, dO, lse, delta), where
+    the kernel's producer warpgroup makes the transposed ones in shared memory;
+    ``rows`` per tile."""
 
     HEADER: ClassVar[str] = "wgmma_staging.cuh"
     ARCH_SUFFIX: ClassVar[str] = "a"  # compiled beside the wgmma kernels it feeds
     threads: ClassVar[int] = 128
-    TILES: ClassVar[dict] = {"forward keys": 2, "dq keys": 3, "dkdv queries": 4}  # row / transposed tiles
+    TILES: ClassVar[dict] = {"forward keys": 2, "dq keys": 3, "dkdv queries": 4,  # row / transposed tiles
+                             "dq key rows": 2, "dkdv query rows": 2}
 
     operands: str
     precision: str
@@ -501,9 +529,19 @@ class StagingConfig:
         return 2 if self.precision == "fp32" else 1
 
     @property
+    def queries(self) -> bool:
+        """Staged from Q and dO (per query head), else from K and V (per key/value head)."""
+        return self.operands.startswith("dkdv")
+
+    @property
+    def transposed(self) -> bool:
+        """The transposed tiles staged too (not made by the kernel)."""
+        return not self.operands.endswith("rows")
+
+    @property
     def tile_bytes(self) -> int:
         """One staged tile: its TF32 tiles' parts (and for queries lse and delta per row)."""
-        rowwise = 2 * self.rows * 4 if self.operands == "dkdv queries" else 0
+        rowwise = 2 * self.rows * 4 if self.queries else 0
         return self.TILES[self.operands] * self.parts * self.rows * self.head_dim_pad * 4 + rowwise
 
     def tiles(self, seqlen: int) -> int:
@@ -515,15 +553,16 @@ class StagingConfig:
 
     @property
     def kernel_name(self) -> str:
-        return "stage_queries_tf32" if self.operands == "dkdv queries" else "stage_keys_tf32"
+        return "stage_queries_tf32" if self.queries else "stage_keys_tf32"
 
     @property
     def name_expression(self) -> str:
         op = MMA_OPS[self.precision]
-        if self.operands == "dkdv queries":
-            return f"cupyattn::stage_queries_tf32<{op}, {self.head_dim_pad}, {self.rows}>"
-        dq = "true" if self.operands == "dq keys" else "false"
-        return f"cupyattn::stage_keys_tf32<{op}, {self.head_dim_pad}, {self.rows}, {dq}>"
+        rows_only = "" if self.transposed else ", false"
+        if self.queries:
+            return f"cupyattn::stage_queries_tf32<{op}, {self.head_dim_pad}, {self.rows}{rows_only}>"
+        dq = "false" if self.operands == "forward keys" else "true"
+        return f"cupyattn::stage_keys_tf32<{op}, {self.head_dim_pad}, {self.rows}, {dq}{rows_only}>"
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
@@ -725,8 +764,10 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
             return self._kept_tiles().add(
                 "q_tiles", (3, self.parts * m * d + 2 * m), "float32", "a ring of 3 slots of one operand tile each, "
                 f"through which a query tile's dO, Q, dO^T (with lse * log2(e) and delta per row) and Q^T pass in "
-                f"turn, each slot refilled once its tile is used; {self._parts_text} in core-matrix order, copied "
-                f"(cp.async.bulk) from {self.staging.kernel_name}'s tiles").add(
+                f"turn, each slot refilled once its tile is used; {self._parts_text} in core-matrix order, "
+                + (f"copied (cp.async.bulk) from {self.staging.kernel_name}'s tiles" if self.staging.transposed else
+                   f"dO (with lse and delta) and Q copied (cp.async.bulk) from {self.staging.kernel_name}'s tiles, "
+                   f"dO^T and Q^T made from them by the producer warpgroup")).add(
                 "barriers", (1, 6 if self.producer_warp else 3), "uint64", "mbarriers: a ring slot's tile has landed"
                 + ("; a slot is free again (the producer warpgroup's cue)" if self.producer_warp else "")).build()
         return self._staged_tiles(self._kept_tiles(), "q_tiles", "a query tile's Q, dO, Q^T and dO^T "
@@ -740,7 +781,8 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         return (f"two warpgroups share each 64 keys, each keeping dK's and dV's {self.head_dim_pad // 2} of "
                 f"{self.head_dim_pad} columns; the first computes S^T, the second dP^T, and they swap them "
                 f"through shared memory" + ("; a third warpgroup issues the ring's copies" if self.producer_warp
-                                            else ""))
+                                            else "") + (", and makes dO^T and Q^T from dO and Q there"
+                                                        if self.rows_staged else ""))
 
     @property
     def producer_warp(self) -> bool:
@@ -750,13 +792,24 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         barriers before. 3xTF32 ("fp32") only: one TF32 pass measured slower with it."""
         return self.d_split == 2 and self.ring and self.parts == 2
 
+    # The producer warpgroup making dO^T and Q^T in the ring from staged Q and dO (half the
+    # staged bytes; kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::ROWS_STAGED): built and
+    # checked whole on the CPU (tests/test_emulated_backward.py: the same bits as the staged
+    # transposes), run on no GPU yet, so not planned until timed there.
+    PRODUCER_MAKES_TRANSPOSED: ClassVar[bool] = False
+
+    @property
+    def rows_staged(self) -> bool:
+        """The producer warpgroup makes dO^T and Q^T; ``staging`` stages Q and dO alone."""
+        return self.producer_warp and self.PRODUCER_MAKES_TRANSPOSED
+
     @property
     def ring(self) -> bool:
         """Where not even one staged query tile fits beside K and V (e.g. 3xTF32 at head
         dim 256, "tf32" with 32-query tiles there): its four operand tiles stream through a
         ring of three slots, S^T and dP^T computed one after the other
         (kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::RING)."""
-        return self._kept_tiles().end + self.staging.tile_bytes + 2 * 8 > SM90_SMEM_PER_BLOCK
+        return self._kept_tiles().end + self.stage_bytes + 2 * 8 > SM90_SMEM_PER_BLOCK
 
     KV_IN_REGISTERS_FROM: ClassVar[int] = 128  # kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::KV_IN_REGISTERS
 
@@ -781,6 +834,13 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
 
     @property
     def staging(self) -> StagingConfig:
+        """Where the producer warpgroup makes Q^T and dO^T (``rows_staged``), Q and dO (and
+        lse, delta) only: half the bytes staged and copied."""
+        return self._stage_tile if not self.rows_staged else dataclasses.replace(self._stage_tile,
+                                                                                operands="dkdv query rows")
+
+    @property
+    def _stage_tile(self) -> StagingConfig:
         return StagingConfig("dkdv queries", self.precision, self.head_dim_pad, self.block_m)
 
     @property
@@ -893,7 +953,8 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
             return None
         return (f"two warpgroups share the 64 query rows, each keeping dQ's {self.head_dim_pad // 2} of "
                 f"{self.head_dim_pad} columns; the first computes S, the second dP, and they swap them "
-                f"through shared memory" + ("; a third warpgroup issues the copies" if self.producer_warp else ""))
+                f"through shared memory" + ("; a third warpgroup issues the copies" if self.producer_warp else "")
+                + (", and makes K^T from K" if self.rows_staged else ""))
 
     @functools.cached_property
     def producer_warp(self) -> bool:
@@ -901,6 +962,16 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
         copies as the consumer warps free its parts (kernels/attn_bwd_wgmma.cuh,
         dq_producer_warp), where they met at a block barrier before."""
         return self.d_split == 2 and not self._two_stages_fit(self._kept_tiles().end)
+
+    # The producer warpgroup making K^T from staged K (a third fewer staged bytes;
+    # BwdDqWgmmaLayout::ROWS_STAGED): as dK/dV's, checked on the CPU, not planned until
+    # timed on a GPU.
+    PRODUCER_MAKES_TRANSPOSED: ClassVar[bool] = False
+
+    @property
+    def rows_staged(self) -> bool:
+        """The producer warpgroup makes K^T; ``staging`` stages K and V alone."""
+        return self.producer_warp and self.PRODUCER_MAKES_TRANSPOSED
 
     @property
     def valid(self) -> bool:
@@ -934,6 +1005,13 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
 
     @property
     def staging(self) -> StagingConfig:
+        """Where the producer warpgroup makes K^T (``rows_staged``), K and V only: a third
+        fewer bytes staged and copied."""
+        return self._stage_tile if not self.rows_staged else dataclasses.replace(self._stage_tile,
+                                                                                operands="dq key rows")
+
+    @property
+    def _stage_tile(self) -> StagingConfig:
         return StagingConfig("dq keys", self.precision, self.head_dim_pad, self.block_n)
 
     @property
@@ -1025,12 +1103,16 @@ class BwdDeltaConfig:
 
 
 def check_expression(config) -> str | None:
-    """The ``check_layout`` instantiation that pins the kernel's layout to the planner's."""
+    """The ``check_layout`` instantiation that pins the kernel's layout to the planner's
+    (``check_staged_layout`` for a kernel fed by staged tiles: their bytes too)."""
     lay = config.layout
     if not lay.buffers:
         return None
     offsets = ", ".join(str(b.offset) for b in lay)
     layout = getattr(config, "checked_layout_expression", config.layout_expression)
+    staging = getattr(config, "staging", None)
+    if staging is not None:
+        return f"cupyattn::check_staged_layout<{layout}, {staging.tile_bytes}, {lay.total}, {offsets}>"
     return f"cupyattn::check_layout<{layout}, {lay.total}, {offsets}>"
 
 
@@ -1111,8 +1193,7 @@ class Plan:
         staging = getattr(self.config, "staging", None)
         if staging is not None:
             p = self.problem
-            queries = staging.operands == "dkdv queries"
-            heads, seqlen = (p.heads_q, p.seqlen_q) if queries else (p.heads_kv, p.seqlen_k)
+            heads, seqlen = (p.heads_q, p.seqlen_q) if staging.queries else (p.heads_kv, p.seqlen_k)
             lines.append(f"  staged first by {staging.name_expression}: "
                          f"{staging.workspace_bytes(p.batch, heads, seqlen)} bytes of global memory "
                          f"({staging.tiles(seqlen)} tiles of {staging.tile_bytes} bytes a head)")
@@ -1676,7 +1757,7 @@ def _delta_launch(problem: AttentionProblem, dkdv: Plan) -> "BwdDeltaConfig | No
     """delta's own launch, unless the dK/dV pass stages its query tiles (the staging
     launch computes delta from the dO it reads: BackwardPlan)."""
     staging = getattr(dkdv.config, "staging", None)
-    return None if staging is not None and staging.operands == "dkdv queries" else BwdDeltaConfig(problem.dtype)
+    return None if staging is not None and staging.queries else BwdDeltaConfig(problem.dtype)
 
 
 @functools.lru_cache(maxsize=4096)

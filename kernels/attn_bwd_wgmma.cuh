@@ -8,7 +8,10 @@
 // cp.async.bulk counted by an mbarrier, one or two stages ahead. TF32 B operands must be
 // K-major, so the operand that a product reduces over its rows (Q and dO for dK and
 // dV, K for dQ) is staged a second time, transposed, in the k order of the register
-// A operand that P^T, dS^T or dS becomes (slots permuted within 8, wgmma_tiles.cuh).
+// A operand that P^T, dS^T or dS becomes (slots permuted within 8, wgmma_tiles.cuh),
+// except where a producer warpgroup (PRODUCER: "fp32" at the widest head dims) makes
+// the transposed tiles in shared memory from the row tiles it copies (ROWS_STAGED: a
+// third to half fewer bytes staged, copied and read from L2; not planned yet).
 //
 // attn_bwd_dkdv_wgmma: a block owns BLOCK_N keys of one key/value head, 64 per
 //   warpgroup, or 64 per pair of warpgroups that each keep half of dK's and dV's
@@ -45,8 +48,10 @@
 //                      [dO^T: ...], [lse * log2(e): BLOCK_M], [delta: BLOCK_M]   a query tile as
 //                      stage_queries_tf32 writes it (transposed: query slots permuted);
 //                      where one stage does not fit (RING): [3][one operand tile, lse, delta]
+//                      (ROWS_STAGED: Q and dO copied from [Q | dO | lse | delta] staged tiles,
+//                      Q^T and dO^T, with lse and delta, made by the producer warpgroup)
 //   barriers   [STAGES], one stage: [2], ring: [3]   mbarrier  (a stage, one stage's two halves:
-//                      Q, dO | the rest, or a ring slot)
+//                      Q, dO | the rest, or a ring slot; PRODUCER: [3] more, a slot is free)
 // (plan.BwdFusedWgmmaConfig.layout: k_tile, v_tile, then
 //   kt_tile    [PARTS][D_PAD x BLOCK_N]   float  K^T, keys in natural order
 //   ds_tiles   [BLOCK_N / 64][PARTS][BLOCK_M x 64]  float  each warpgroup's dS, its keys as k
@@ -56,7 +61,10 @@
 //   kv_tiles   [STAGES][K: PARTS][BLOCK_N x D_PAD], [V: PARTS][BLOCK_N x D_PAD],
 //                      [K^T: PARTS][D_PAD x BLOCK_N]   float  a key tile as stage_keys_tf32<..., true>
 //                                                             writes it, copied whole (cp.async.bulk)
-//   barriers   [STAGES], one stage: [2]   mbarrier  (a stage, or one stage's parts: K, V | K^T)
+//                      (ROWS_STAGED: K and V copied from [K | V] staged tiles, K^T made from K
+//                      by the producer warpgroup)
+//   barriers   [STAGES], one stage: [2]   mbarrier  (a stage, or one stage's parts: K, V | K^T;
+//                      PRODUCER: [2] more, a part is free)
 // STAGES = 2 where that fits in sm_90's 232448 bytes, else 1.
 #pragma once
 
@@ -69,7 +77,9 @@ namespace cupyattn {
 
 // PRODUCER: the ring, and a producer warpgroup that issues its copies as the consumers
 // free its slots (dkdv_wgmma): three "free" mbarriers after the three "landed" ones.
-template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, bool PRODUCER = false>
+// ROWS_ONLY (with PRODUCER): the staged query tiles hold the row tiles only, and the
+// producer warpgroup makes the transposed ones (ROWS_STAGED below).
+template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, bool PRODUCER = false, bool ROWS_ONLY = false>
 struct BwdDkdvWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
     static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4, TILE_M = PARTS * BLOCK_M * D_PAD * 4;
@@ -97,6 +107,16 @@ struct BwdDkdvWgmmaLayout {
     static constexpr int ROWS_HALF = 2 * TILE_M;  // Q and dO: the bytes of a stage's first half
     static_assert(!PRODUCER || RING, "a producer warpgroup for the ring");
     static constexpr bool HAS_PRODUCER = PRODUCER;
+    // ROWS_ONLY: the staged query tiles hold [Q | dO | lse | delta] only
+    // (stage_queries_tf32<..., false>): the producer's first warp copies dO (with lse and
+    // delta) and Q into the ring, its other three make dO^T and Q^T there from them
+    // (transpose_row_tile), so that half the bytes are staged, copied and read from L2
+    // (scripts/copy_probe.py: halving the copies' bytes took 4-6% off the causal "fp32"
+    // D=256 backward, twenty-fourth session). Not planned until timed on a GPU
+    // (plan.BwdDkdvWgmmaConfig.rows_staged).
+    static_assert(!ROWS_ONLY || PRODUCER, "the producer warpgroup makes the transposed tiles");
+    static constexpr bool ROWS_STAGED = ROWS_ONLY;
+    static constexpr int STAGED_BYTES = ROWS_STAGED ? 2 * TILE_M + ROWWISE_BYTES : STAGE_BYTES;  // global, a tile
     static constexpr int BARRIER_COUNT = RING ? (PRODUCER ? 2 : 1) * RING_SLOTS : SPLIT_STAGE ? 2 : STAGES;
     static constexpr int k_tile = 0;
     static constexpr int v_tile = k_tile + TILE_KV;
@@ -116,7 +136,8 @@ struct BwdFusedWgmmaLayout {
     static constexpr bool KV_IN_REGISTERS = false;  // K's core-matrix tile is transposed into K^T
     static constexpr int STAGE_BYTES = Dkdv::STAGE_BYTES;
     static constexpr bool RING = false;  // (no tile that needs it fits beside K^T)
-    static constexpr bool HAS_PRODUCER = false;
+    static constexpr bool HAS_PRODUCER = false, ROWS_STAGED = false;
+    static constexpr int STAGED_BYTES = STAGE_BYTES;
     static constexpr int ROWWISE_BYTES = Dkdv::ROWWISE_BYTES, RING_SLOTS = Dkdv::RING_SLOTS,
                          RING_SLOT = Dkdv::RING_SLOT;
     static constexpr int DS_TILE = PARTS * BLOCK_M * 64 * 4;  // one warpgroup's dS
@@ -137,7 +158,9 @@ struct BwdFusedWgmmaLayout {
 
 // PRODUCER: one stage, and a producer warpgroup that issues its copies as the consumers free
 // its parts (attn_bwd_dq_wgmma): two "free" mbarriers after the two "landed" ones.
-template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, bool PRODUCER = false>
+// ROWS_ONLY (with PRODUCER): the staged key tiles hold K and V only, and the producer
+// warpgroup makes K^T (ROWS_STAGED below).
+template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, bool PRODUCER = false, bool ROWS_ONLY = false>
 struct BwdDqWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
     // 3xTF32 from head dim 128: Q and dO kept once as float32 in each lane's register A
@@ -153,6 +176,13 @@ struct BwdDqWgmmaLayout {
     static constexpr bool SPLIT_STAGE = STAGES == 1;
     static constexpr int KV_PART_BYTES = 2 * TILE_N;  // K and V: the bytes of a stage's first part
     static_assert(!PRODUCER || SPLIT_STAGE, "a producer warpgroup for one stage's two parts");
+    // ROWS_ONLY: the staged key tiles hold [K | V] only (stage_keys_tf32<..., true, false>):
+    // the producer's first warp copies them, its other three make K^T in the stage from K
+    // (transpose_row_tile): a third fewer bytes staged, copied and read from L2. Not
+    // planned until timed on a GPU (plan.BwdDqWgmmaConfig.rows_staged).
+    static_assert(!ROWS_ONLY || PRODUCER, "the producer warpgroup makes the transposed tile");
+    static constexpr bool ROWS_STAGED = ROWS_ONLY;
+    static constexpr int STAGED_BYTES = ROWS_STAGED ? KV_PART_BYTES : STAGE_BYTES;  // global, a tile
     static constexpr int BARRIER_COUNT = SPLIT_STAGE ? (PRODUCER ? 4 : 2) : STAGES;
     static constexpr int q_tile = 0;
     static constexpr int do_tile = q_tile + TILE_M;
@@ -353,7 +383,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // From the group's first query head, tile m_begin, on: item (head, m) is query head
     // `head` of the group, tile m after m_begin, staged tile head * n_q_tiles + m.
     const unsigned char* staged = reinterpret_cast<const unsigned char*>(q_staged) +
-                                  ((b * n_heads_q + h_kv * group) * n_q_tiles + m_begin / BLOCK_M) * L::STAGE_BYTES;
+                                  ((b * n_heads_q + h_kv * group) * n_q_tiles + m_begin / BLOCK_M) * L::STAGED_BYTES;
     // Items run from the group's last query head and tile down to its first head's tile
     // m_begin: causal blocks end at their own m_begin (BLOCK_N / BLOCK_M tiles later a key
     // tile) but all start at the last tile, so that blocks of a head dispatched together
@@ -376,7 +406,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // Thread 0 only: bytes [from, to) of item's staged query tile (at `at`) into its stage.
     auto copy = [&](int item, ItemAt at, int from, int to, unsigned long long* bar) {
         bulk_copy_to_shared(q_tiles + item % STAGES * L::STAGE_BYTES + from,
-                            staged + at.tile * L::STAGE_BYTES + from, to - from, bar);
+                            staged + at.tile * L::STAGED_BYTES + from, to - from, bar);
     };
     // One stage (L::SPLIT_STAGE): Q and dO land on barriers[0], Q^T, dO^T, lse and delta on
     // barriers[1]. The next item's Q and dO copy once every warpgroup has S^T and dP^T,
@@ -397,8 +427,10 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         constexpr int TILE_M = L::TILE_M;
         const int from = r == 0 ? TILE_M : r == 1 ? 0 : r == 2 ? 3 * TILE_M : 2 * TILE_M;  // in the staged tile
         const int i = 4 * item + r;
-        bulk_copy_to_shared(ring_slot(i), staged + at.tile * L::STAGE_BYTES + from,
-                            r == 2 ? TILE_M + L::ROWWISE_BYTES : TILE_M, &barriers[i % L::RING_SLOTS]);
+        // lse and delta come with dO^T, or (ROWS_STAGED: after dO in the staged tile) with dO
+        const bool rowwise = r == (L::ROWS_STAGED ? 0 : 2);
+        bulk_copy_to_shared(ring_slot(i), staged + at.tile * L::STAGED_BYTES + from,
+                            rowwise ? TILE_M + L::ROWWISE_BYTES : TILE_M, &barriers[i % L::RING_SLOTS]);
     };
     auto ring_wait = [&](int item, int r) {
         const int i = 4 * item + r;
@@ -407,20 +439,57 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // PRODUCER: ring_free[s] completes a phase when every consumer warp is done with the
     // tile in slot s (ring tile i's the (i / 3)-th).
     unsigned long long* const ring_free = barriers + L::RING_SLOTS;
-    init_mbarriers<PRODUCER ? L::RING_SLOTS : L::BARRIER_COUNT, PRODUCER ? L::RING_SLOTS : 0, NUM_WARPS>(barriers);
+    // L::ROWS_STAGED: the producer's three transposer warps arrive at every "free" phase
+    // too (done with the dO or Q they read, or at once for a tile they made).
+    constexpr int TRANSPOSERS = L::ROWS_STAGED ? 3 : 0;
+    init_mbarriers<PRODUCER ? L::RING_SLOTS : L::BARRIER_COUNT, PRODUCER ? L::RING_SLOTS : 0,
+                   NUM_WARPS + TRANSPOSERS>(barriers);
     ItemAt at{group - 1, m_tiles - 1, (long long)(group - 1) * n_q_tiles + m_tiles - 1};  // item's (item 0's)
     if constexpr (PRODUCER) {
         // As attn_bwd_dq_wgmma's producer: registers to the consumers (128 x 40 + 256 x
-        // 232 = 384 x 168), every ring tile fetched once the tile three before it is free.
+        // 232 = 384 x 168), every ring tile fetched (or, L::ROWS_STAGED, made) once the
+        // tile three before it is free.
         if (warp >= NUM_WARPS) {
             asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-            if (warp == NUM_WARPS && lane == 0) {
-                ItemAt fetched = at;
-                for (int item = 0; item < n_items; ++item, fetched = after(fetched))
-                    for (int r = 0; r < 4; ++r) {
-                        const int i = 4 * item + r;
-                        if (i >= L::RING_SLOTS) mbarrier_wait(&ring_free[i % L::RING_SLOTS], (i / L::RING_SLOTS - 1) % 2);
-                        ring_fetch(item, fetched, r);
+            auto free_wait = [&](int i) {
+                if (i >= L::RING_SLOTS) mbarrier_wait(&ring_free[i % L::RING_SLOTS], (i / L::RING_SLOTS - 1) % 2);
+            };
+            if (warp == NUM_WARPS) {
+                if (lane == 0) {
+                    ItemAt fetched = at;
+                    for (int item = 0; item < n_items; ++item, fetched = after(fetched))
+                        for (int r = 0; r < (L::ROWS_STAGED ? 2 : 4); ++r) {  // ROWS_STAGED: dO, Q
+                            free_wait(4 * item + r);
+                            ring_fetch(item, fetched, r);
+                        }
+                }
+            } else if constexpr (L::ROWS_STAGED) {
+                // The other three warps make dO^T (with lse and delta) from dO's slot, then
+                // Q^T from Q's, each once its source has landed and its own slot is free,
+                // and complete its slot's "landed" phase by one arrival. Q^T's slot is dO's
+                // (tile 4 item + 3 after 4 item): the pair writes its swap there too, once
+                // these warps are done reading dO (named barrier 8), and Q's slot stays as
+                // it is until Q^T is made.
+                static_assert(2 * 128 * M_BLOCKS * 16 <= L::TILE_M, "the pair's swap fits in dO's slot");
+                const int transposer = warp - NUM_WARPS - 1;
+                for (int item = 0; item < n_items; ++item)
+                    for (int r = 2; r < 4; ++r) {
+                        const int i = 4 * item + r, from = i - 2;
+                        mbarrier_wait(&barriers[from % L::RING_SLOTS], from / L::RING_SLOTS % 2);
+                        free_wait(i);
+                        transpose_row_tile<L::PARTS, BLOCK_M, D_PAD, TRANSPOSERS>(
+                            reinterpret_cast<float*>(ring_slot(i)), reinterpret_cast<const float*>(ring_slot(from)),
+                            transposer, lane);
+                        if (r == 2)  // lse * log2(e) and delta, after dO as after dO^T
+                            for (int j = transposer * 32 + lane; j < 2 * BLOCK_M; j += TRANSPOSERS * 32)
+                                reinterpret_cast<float*>(ring_slot(i) + L::TILE_M)[j] =
+                                    reinterpret_cast<const float*>(ring_slot(from) + L::TILE_M)[j];
+                        fence_proxy_async();
+                        named_barrier_sync(7, TRANSPOSERS * 32);  // the tile is made
+                        if (transposer == 0 && lane == 0) mbarrier_arrive(&barriers[i % L::RING_SLOTS]);
+                        if (r == 2) named_barrier_arrive(8, THREADS + TRANSPOSERS * 32);  // done with dO
+                        mbarrier_arrive_warp(&ring_free[from % L::RING_SLOTS]);
+                        mbarrier_arrive_warp(&ring_free[i % L::RING_SLOTS]);
                     }
             }
             return;
@@ -530,13 +599,19 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             // tile it has just used (Q's, dO's) and reads the other's back.
             const int product = wg % 2;  // 0: S^T, 1: dP^T
             float own[M_BLOCKS][4];
-            // S^T over Q's tile, dP^T over dO's.
-            float4* const swap[2] = {reinterpret_cast<float4*>(L::RING ? ring_slot(4 * item + 1) : tiles),
-                                     reinterpret_cast<float4*>(L::RING ? ring_slot(4 * item) : tiles + L::TILE_M)};
+            // S^T over Q's tile, dP^T over dO's; L::ROWS_STAGED, both over dO's (Q's is read
+            // again, for Q^T), once the producer's transposers are done with it.
+            float4* const swap[2] = {
+                reinterpret_cast<float4*>(L::ROWS_STAGED ? ring_slot(4 * item) + 128 * M_BLOCKS * 16
+                                          : L::RING      ? ring_slot(4 * item + 1)
+                                                         : tiles),
+                reinterpret_cast<float4*>(L::RING ? ring_slot(4 * item) : tiles + L::TILE_M)};
             if constexpr (L::RING) {
                 // Each warpgroup waits for its operand's tile only; its next wait on the
                 // other's barrier comes after the __syncthreads below, so after that
                 // tile's phase has completed (a parity wait must not skip a phase).
+                // (ROWS_STAGED: S^T's next wait on dO's slot is for Q^T, its next phase,
+                // which the transposers start only once the swap is read: the same.)
                 ring_wait(item, product == 0 ? 1 : 0);
                 // clock phase: ring wait
             } else {
@@ -545,7 +620,8 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH>(
                 own, product, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             // clock phase: score product
-            swap_pair_products<M_BLOCKS, PRODUCER ? THREADS : 0>(sdp, own, swap, product, warp % 4, lane);
+            swap_pair_products<M_BLOCKS, PRODUCER ? THREADS : 0, L::ROWS_STAGED ? THREADS + TRANSPOSERS * 32 : 0>(
+                sdp, own, swap, product, warp % 4, lane);
             // clock phase: swap
             if constexpr (PRODUCER) {
                 ring_done(4 * item);  // dO's and Q's slots (the swap's too): read
@@ -702,14 +778,16 @@ __host__ __device__ constexpr bool dkdv_producer_warp() {
 }
 
 // q, dout, lse and delta stay in the launch signature every dK/dV kernel shares (Q, dO,
-// lse and delta come through q_staged).
-template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+// lse and delta come through q_staged). ROWS_ONLY: q_staged holds Q, dO, lse and delta
+// only, and the producer warpgroup makes Q^T and dO^T (BwdDkdvWgmmaLayout::ROWS_STAGED).
+template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL,
+          bool ROWS_ONLY = false>
 __global__ void __launch_bounds__(NUM_WARPS * 32 + (dkdv_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>() ? 128 : 0), 1)
 attn_bwd_dkdv_wgmma(CUPYATTN_DKDV_WGMMA_PARAMS) {
     static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dkdv_mma does)");
     constexpr bool PRODUCER = dkdv_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>();
-    dkdv_wgmma<BwdDkdvWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N, PRODUCER>, false, Op, D_PAD, BLOCK_M, BLOCK_N,
-               NUM_WARPS, CAUSAL>(CUPYATTN_DKDV_WGMMA_ARGS, DqAtomics{nullptr, 0, 0, 0});
+    dkdv_wgmma<BwdDkdvWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N, PRODUCER, ROWS_ONLY>, false, Op, D_PAD, BLOCK_M,
+               BLOCK_N, NUM_WARPS, CAUSAL>(CUPYATTN_DKDV_WGMMA_ARGS, DqAtomics{nullptr, 0, 0, 0});
 }
 
 // dK, dV and dQ in one pass (deterministic=False): dK/dV's launch, plus dq (zeroed
@@ -737,7 +815,10 @@ __host__ __device__ constexpr bool dq_producer_warp() {
     return BwdDqWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>::SPLIT_STAGE && 16 * NUM_WARPS / BLOCK_M == 2;
 }
 
-template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+// ROWS_ONLY: kv_staged holds K and V only, and the producer warpgroup makes K^T
+// (BwdDqWgmmaLayout::ROWS_STAGED).
+template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL,
+          bool ROWS_ONLY = false>
 __global__ void __launch_bounds__(NUM_WARPS * 32 + (dq_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>() ? 128 : 0), 1)
 attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                   const float* __restrict__ dout, const float* __restrict__ lse,
@@ -753,7 +834,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dq_mma does)");
     constexpr int PASSES = Op::passes;
     constexpr bool PRODUCER = dq_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>();
-    using L = BwdDqWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N, PRODUCER>;
+    using L = BwdDqWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N, PRODUCER, ROWS_ONLY>;
     constexpr int THREADS = NUM_WARPS * 32;  // the consumers (a producer warpgroup comes after them)
     constexpr int K_STEPS = D_PAD / 8;
     constexpr int N_BLOCKS = BLOCK_N / 8;  // 8-key column blocks of S, the k-steps of dS K
@@ -797,14 +878,14 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     // launch signature every dQ kernel shares.
     const int n_kv_tiles = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
     const unsigned char* staged = reinterpret_cast<const unsigned char*>(kv_staged) +
-                                  (long long)(qb.b * n_heads_kv + qb.h_kv) * n_kv_tiles * L::STAGE_BYTES;
+                                  (long long)(qb.b * n_heads_kv + qb.h_kv) * n_kv_tiles * L::STAGED_BYTES;
 
     const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
     // Thread 0 only: bytes [from, to) of key tile `tile` into its stage.
     auto copy = [&](int tile, int from, int to, unsigned long long* bar) {
         bulk_copy_to_shared(kv_tiles + tile % STAGES * L::STAGE_BYTES + from,
-                            staged + (long long)tile * L::STAGE_BYTES + from, to - from, bar);
+                            staged + (long long)tile * L::STAGED_BYTES + from, to - from, bar);
     };
     // One stage (L::SPLIT_STAGE): K and V land on barriers[0], K^T on barriers[1]. The next
     // tile's K and V copy once every warpgroup has S and dP, while this tile's dQ is
@@ -817,7 +898,10 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     // with a tile's K and V (its S and dP swapped) and with its K^T (dQ added).
     unsigned long long* const kv_free = &barriers[2];
     unsigned long long* const kt_free = &barriers[3];
-    init_mbarriers<PRODUCER ? 2 : L::BARRIER_COUNT, PRODUCER ? 2 : 0, NUM_WARPS>(barriers);
+    // L::ROWS_STAGED: the producer's three transposer warps arrive at both "free" phases
+    // too (done with the K they read; at once for the K^T they made).
+    constexpr int TRANSPOSERS = L::ROWS_STAGED ? 3 : 0;
+    init_mbarriers<PRODUCER ? 2 : L::BARRIER_COUNT, PRODUCER ? 2 : 0, NUM_WARPS + TRANSPOSERS>(barriers);
     if constexpr (PRODUCER) {
         // Registers move from the producer warpgroup, which issues every copy, to the
         // consumers (a 384-thread block gets 168 a thread at launch: 128 x 40 + 256 x 232
@@ -825,13 +909,37 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
         // consumers' loads of Q and dO run with their 232 too.
         if (warp >= NUM_WARPS) {
             asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-            if (warp == NUM_WARPS && lane == 0)  // tile t's parts once tile t - 1's are free
+            if (warp == NUM_WARPS) {
+                if (lane == 0)  // tile t's parts once tile t - 1's are free
+                    for (int tile = 0; tile < n_tiles; ++tile) {
+                        if (tile > 0) mbarrier_wait(kv_free, (tile - 1) % 2);
+                        fetch_kv(tile);
+                        if constexpr (!L::ROWS_STAGED) {
+                            if (tile > 0) mbarrier_wait(kt_free, (tile - 1) % 2);
+                            fetch_kt(tile);
+                        }
+                    }
+            } else if constexpr (L::ROWS_STAGED) {
+                // The other three warps make each tile's K^T from its K once K has landed
+                // and the last K^T is free, and complete K^T's "landed" phase by one
+                // arrival. The pair writes its swap of S over K once these warps are done
+                // reading it (named barrier 8).
+                const int transposer = warp - NUM_WARPS - 1;
+                unsigned char* const stage = kv_tiles;  // (one stage)
                 for (int tile = 0; tile < n_tiles; ++tile) {
-                    if (tile > 0) mbarrier_wait(kv_free, (tile - 1) % 2);
-                    fetch_kv(tile);
+                    mbarrier_wait(&barriers[0], tile % 2);
                     if (tile > 0) mbarrier_wait(kt_free, (tile - 1) % 2);
-                    fetch_kt(tile);
+                    transpose_row_tile<L::PARTS, BLOCK_N, D_PAD, TRANSPOSERS>(
+                        reinterpret_cast<float*>(stage + 2 * L::TILE_N), reinterpret_cast<const float*>(stage),
+                        transposer, lane);
+                    fence_proxy_async();
+                    named_barrier_sync(7, TRANSPOSERS * 32);  // K^T is made
+                    if (transposer == 0 && lane == 0) mbarrier_arrive(&barriers[1]);
+                    named_barrier_arrive(8, THREADS + TRANSPOSERS * 32);  // done with K
+                    mbarrier_arrive_warp(kv_free);
+                    mbarrier_arrive_warp(kt_free);
                 }
+            }
             return;
         }
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
@@ -920,7 +1028,8 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 // clock phase: score product
                 float4* const swap[2] = {reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES),
                                          reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES + L::TILE_N)};
-                swap_pair_products<N_BLOCKS, PRODUCER ? THREADS : 0>(sdp, own, swap, product, warp % 4, lane);
+                swap_pair_products<N_BLOCKS, PRODUCER ? THREADS : 0, L::ROWS_STAGED ? THREADS + TRANSPOSERS * 32 : 0>(
+                    sdp, own, swap, product, warp % 4, lane);
                 // clock phase: swap
             } else if constexpr (P_BEFORE_DP) {
                 // 3xTF32 with 64-key tiles: S, P = exp2(S - lse), then dP (one product's
@@ -946,7 +1055,10 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                     sdp, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
         };
         if constexpr (L::SPLIT_STAGE) {
-            if (!idle) scores();
+            if (!idle)
+                scores();
+            else if constexpr (L::ROWS_STAGED)
+                named_barrier_sync(8, THREADS + TRANSPOSERS * 32);  // (as the swap does: once a tile)
             if constexpr (PRODUCER) {
                 mbarrier_arrive_warp(kv_free);  // this warp is done with K and V
             } else {

@@ -59,6 +59,7 @@ struct FwdWgmmaLayout {
     static constexpr int Q_BYTES = (Q_IN_REGISTERS ? 1 : PARTS) * BLOCK_M * D_PAD * 4;
     static constexpr int K_BYTES = PARTS * BLOCK_N * D_PAD * 4;  // one operand of a staged key tile (K or V^T)
     static constexpr int TILE_BYTES = 2 * K_BYTES;
+    static constexpr int STAGED_BYTES = TILE_BYTES;  // global, a tile (stage_keys_tf32)
     static constexpr int STAGES = stages_that_fit(Q_BYTES, TILE_BYTES, 2);  // barriers: K, V^T
     static constexpr int q_tile = 0;
     static constexpr int kv_tiles = Q_BYTES;
@@ -117,7 +118,7 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
     // signature every forward kernel shares.
     const int n_kv_tiles = (seqlen_k + BLOCK_N - 1) / BLOCK_N;
     const unsigned char* staged =
-        reinterpret_cast<const unsigned char*>(kv_staged) + (long long)(qb.b * n_heads_kv + qb.h_kv) * n_kv_tiles * L::TILE_BYTES;
+        reinterpret_cast<const unsigned char*>(kv_staged) + (long long)(qb.b * n_heads_kv + qb.h_kv) * n_kv_tiles * L::STAGED_BYTES;
 
     const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
@@ -126,7 +127,7 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
     auto fetch = [&](int tile, int which) {
         const int stage = tile % STAGES;
         bulk_copy_to_shared(kv_tiles + stage * L::TILE_BYTES + which * L::K_BYTES,
-                            staged + (long long)tile * L::TILE_BYTES + which * L::K_BYTES, L::K_BYTES,
+                            staged + (long long)tile * L::STAGED_BYTES + which * L::K_BYTES, L::K_BYTES,
                             &barriers[2 * stage + which]);
     };
     init_mbarriers<2 * STAGES>(barriers);

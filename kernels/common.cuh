@@ -96,13 +96,19 @@ __host__ __device__ constexpr bool offsets_match() {
 }
 
 template <class Layout, int TOTAL, int... OFFSETS>
-__global__ void check_layout() {
+struct LayoutAgrees {
     static_assert(sizeof...(OFFSETS) == Layout::num_buffers,
                   "planner and kernel disagree on the number of shared-memory buffers");
     static_assert(offsets_match<Layout, OFFSETS...>(),
                   "planner and kernel disagree on shared-memory buffer offsets");
     static_assert(Layout::total == TOTAL,
                   "planner and kernel disagree on the total shared-memory bytes");
+    static constexpr bool value = true;
+};
+
+template <class Layout, int TOTAL, int... OFFSETS>
+__global__ void check_layout() {
+    static_assert(LayoutAgrees<Layout, TOTAL, OFFSETS...>::value, "");
 }
 
 }  // namespace cupyattn

@@ -60,11 +60,20 @@ __device__ __forceinline__ int warp_uniform_index() { return __shfl_sync(0xfffff
 // The 128 threads of warpgroup `wg` wait for each other (named barrier wg + 1; 0 is
 // __syncthreads').
 __device__ __forceinline__ void warpgroup_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory"); }
-// The first `threads` threads of the block (whole warps) wait for each other on named
-// barrier `id` (past warpgroup_barrier's 1-4); the others do not take part.
-__device__ __forceinline__ void leading_threads_barrier(int id, int threads) {
+// `threads` threads (whole warps) wait for each other on named barrier `id` (past
+// warpgroup_barrier's 1-4); the others do not take part. bar.sync counts the threads of
+// this call and of named_barrier_arrive's, whichever warps they are.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// This warp counts towards named barrier `id` of `threads` threads without waiting: a
+// producer's word to the threads that wait there that it is done with something.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// The first `threads` threads of the block (whole warps) wait for each other on named
+// barrier `id`; the others do not take part.
+__device__ __forceinline__ void leading_threads_barrier(int id, int threads) { named_barrier_sync(id, threads); }
 // Generic-proxy shared-memory stores become visible to wgmma's (async proxy) reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -91,12 +100,17 @@ __device__ __forceinline__ void init_mbarriers(unsigned long long* bars) {
     __syncthreads();
 }
 
+// This thread arrives at the barrier (its earlier shared-memory reads and writes released
+// to whoever waits on the barrier's phase).
+__device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(wg_smem_addr(bar)) : "memory");
+}
+
 // This warp arrives at the barrier once every lane is past this point (its earlier
 // shared-memory reads and writes released to whoever waits on the barrier's phase).
 __device__ __forceinline__ void mbarrier_arrive_warp(unsigned long long* bar) {
     __syncwarp();
-    if (threadIdx.x % 32 == 0)
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(wg_smem_addr(bar)) : "memory");
+    if (threadIdx.x % 32 == 0) mbarrier_arrive(bar);
 }
 
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src to shared

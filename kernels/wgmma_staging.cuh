@@ -7,10 +7,13 @@
 // (slots permuted within 8 for a register A operand: wgmma_tiles.cuh), TF32
 // parts PART words apart, zeros past the sequence and the head dim.
 //
-//   stage_keys_tf32<Op, D_PAD, BLOCK_N, DQ>: per (batch, kv head, key tile), tiles of a
-//     head consecutive: the forward's [K | V^T], dQ's (DQ) [K | V | K^T].
-//   stage_queries_tf32<Op, D_PAD, BLOCK_M>: per (batch, query head, query tile), dK/dV's
-//     [Q | dO | Q^T | dO^T | lse * log2(e) | delta] (BLOCK_M floats each, 0 past the end),
+//   stage_keys_tf32<Op, D_PAD, BLOCK_N, DQ, TRANSPOSED>: per (batch, kv head, key tile),
+//     tiles of a head consecutive: the forward's [K | V^T], dQ's (DQ) [K | V | K^T], or
+//     [K | V] where the dQ kernel's producer warpgroup makes K^T itself (!TRANSPOSED).
+//   stage_queries_tf32<Op, D_PAD, BLOCK_M, TRANSPOSED>: per (batch, query head, query
+//     tile), dK/dV's [Q | dO | Q^T | dO^T | lse * log2(e) | delta] (BLOCK_M floats each, 0
+//     past the end), or [Q | dO | lse * log2(e) | delta] where the dK/dV kernel's producer
+//     warpgroup makes Q^T and dO^T itself (!TRANSPOSED: half the bytes staged and copied);
 //     delta = rowsum(dO * O) computed here and written to delta too (the dQ pass reads it).
 #pragma once
 
@@ -28,6 +31,15 @@ constexpr int SM90_SMEM_PER_BLOCK = 232448;
 __host__ __device__ constexpr int stages_that_fit(int resident_bytes, int stage_bytes, int barriers) {
     return resident_bytes + 2 * (stage_bytes + barriers * 8) <= SM90_SMEM_PER_BLOCK ? 2 : 1;
 }
+// check_layout for a kernel fed by staged tiles, which also pins the bytes of one staged
+// tile in global memory (plan.StagingConfig.tile_bytes: what the planner allocates and
+// the staging launch writes) to those the kernel steps by (Layout::STAGED_BYTES).
+template <class Layout, int STAGED_BYTES, int TOTAL, int... OFFSETS>
+__global__ void check_staged_layout() {
+    static_assert(LayoutAgrees<Layout, TOTAL, OFFSETS...>::value, "");
+    static_assert(Layout::STAGED_BYTES == STAGED_BYTES, "planner and kernel disagree on the bytes of a staged tile");
+}
+
 constexpr int STAGING_THREADS = 128;
 constexpr int STAGING_PIECE = 16;  // rows per transposed piece: the transposed tile is 8-row groups in order
 
@@ -85,23 +97,25 @@ __device__ __forceinline__ void stage_operand(float* rows_out, float* transposed
     }
 }
 
-template <typename Op, int D_PAD, int BLOCK_N, bool DQ>
+template <typename Op, int D_PAD, int BLOCK_N, bool DQ, bool TRANSPOSED = true>
 __global__ void __launch_bounds__(STAGING_THREADS)
 stage_keys_tf32(const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ staged,
                 long long k_sb, long long k_ss, long long k_sh, long long v_sb, long long v_ss, long long v_sh,
                 int n_heads_kv, int seqlen_k, int head_dim, int n_tiles) {
     constexpr int PASSES = Op::passes, PARTS = PASSES == 3 ? 2 : 1;
     constexpr int PART = BLOCK_N * D_PAD;  // words per TF32 part
+    constexpr int TILES = DQ && TRANSPOSED ? 3 : 2;
+    static_assert(DQ || TRANSPOSED, "the forward's V^T is staged");
     __shared__ __align__(16) float raw[2][STAGING_PIECE * (D_PAD + 4)];
     const int tile = blockIdx.x % n_tiles, bh = blockIdx.x / n_tiles;
     const int b = bh / n_heads_kv, h = bh % n_heads_kv, n0 = tile * BLOCK_N;
-    float* out = staged + (long long)blockIdx.x * (DQ ? 3 : 2) * PARTS * PART;
+    float* out = staged + (long long)blockIdx.x * TILES * PARTS * PART;
     k += b * k_sb + h * k_sh + n0 * k_ss;
     v += b * v_sb + h * v_sh + n0 * v_ss;
     const int rows = seqlen_k - n0;
-    if constexpr (DQ) {  // [K | V | K^T]
-        stage_operand<PASSES, BLOCK_N, D_PAD, true, true>(out, out + 2 * PARTS * PART, PART, k, k_ss, rows, head_dim,
-                                                          raw);
+    if constexpr (DQ) {  // [K | V | K^T], or [K | V]
+        stage_operand<PASSES, BLOCK_N, D_PAD, true, TRANSPOSED>(out, out + 2 * PARTS * PART, PART, k, k_ss, rows,
+                                                                head_dim, raw);
         stage_operand<PASSES, BLOCK_N, D_PAD, true, false>(out + PARTS * PART, nullptr, PART, v, v_ss, rows, head_dim,
                                                            raw);
     } else {  // [K | V^T]
@@ -111,7 +125,7 @@ stage_keys_tf32(const float* __restrict__ k, const float* __restrict__ v, float*
     }
 }
 
-template <typename Op, int D_PAD, int BLOCK_M>
+template <typename Op, int D_PAD, int BLOCK_M, bool TRANSPOSED = true>
 __global__ void __launch_bounds__(STAGING_THREADS)
 stage_queries_tf32(const float* __restrict__ q, const float* __restrict__ dout, const float* __restrict__ o,
                    const float* __restrict__ lse, float* __restrict__ delta, float* __restrict__ staged,
@@ -125,15 +139,17 @@ stage_queries_tf32(const float* __restrict__ q, const float* __restrict__ dout, 
     __shared__ __align__(16) float raw[2][STAGING_PIECE * (D_PAD + 4)];
     const int tile = blockIdx.x % n_tiles, bh = blockIdx.x / n_tiles;
     const int b = bh / n_heads_q, h = bh % n_heads_q, m0 = tile * BLOCK_M;
-    float* out = staged + (long long)blockIdx.x * (4 * PARTS * PART + 2 * BLOCK_M);
+    constexpr int TILES = TRANSPOSED ? 4 : 2;  // [Q | dO | Q^T | dO^T] or [Q | dO]
+    float* out = staged + (long long)blockIdx.x * (TILES * PARTS * PART + 2 * BLOCK_M);
     q += b * q_sb + h * q_sh + m0 * q_ss;
     dout += b * do_sb + h * do_sh + m0 * do_ss;
     o += b * o_sb + h * o_sh + m0 * o_ss;
     const int rows = seqlen_q - m0;
-    stage_operand<PASSES, BLOCK_M, D_PAD, true, true>(out, out + 2 * PARTS * PART, PART, q, q_ss, rows, head_dim, raw);
-    stage_operand<PASSES, BLOCK_M, D_PAD, true, true>(out + PARTS * PART, out + 3 * PARTS * PART, PART, dout, do_ss,
-                                                      rows, head_dim, raw);
-    float* rowwise = out + 4 * PARTS * PART;
+    stage_operand<PASSES, BLOCK_M, D_PAD, true, TRANSPOSED>(out, out + 2 * PARTS * PART, PART, q, q_ss, rows,
+                                                            head_dim, raw);
+    stage_operand<PASSES, BLOCK_M, D_PAD, true, TRANSPOSED>(out + PARTS * PART, out + 3 * PARTS * PART, PART, dout,
+                                                            do_ss, rows, head_dim, raw);
+    float* rowwise = out + TILES * PARTS * PART;
     const long long at = (long long)bh * seqlen_q + m0;
     for (int i = threadIdx.x; i < BLOCK_M; i += STAGING_THREADS) rowwise[i] = i < rows ? lse[at + i] * LOG2E : 0.0f;
     // delta = rowsum(dO * O) of the tile's rows (dO just read: from L2), for the dQ pass and

@@ -56,3 +56,13 @@ def staged_tiles(tiles, precision, d_pad, rows, rowwise=()):
         start = len(tiles) * parts * rows * d_pad + i * rows
         out[..., start:start + rows] = padded.reshape(B, H, n_tiles, rows)
     return out.reshape(-1)
+
+
+def staged_operands(operands, a, b):
+    """The (array, transposed) pairs a staged tile of ``operands`` (plan.StagingConfig)
+    holds, in order, from its two operands ``a`` and ``b`` (K and V, or Q and dO)."""
+    return {"forward keys": [(a, False), (b, True)],
+            "dq keys": [(a, False), (b, False), (a, True)],
+            "dq key rows": [(a, False), (b, False)],
+            "dkdv queries": [(a, False), (b, False), (a, True), (b, True)],
+            "dkdv query rows": [(a, False), (b, False)]}[operands]

@@ -445,7 +445,7 @@ def test_wgmma_forward_layout_holds_tf32_parts_and_staged_key_tiles():
 
 
 def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measured_faster():
-    from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, BwdFusedWgmmaConfig, WgmmaConfig
+    from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, BwdFusedWgmmaConfig, StagingConfig, WgmmaConfig
 
     def plans(precision, d, device="h200", dtype="float32", batch=4, seqlen=4096, causal=False):
         problem = AttentionProblem(dtype, d, d, causal, batch, 16, 16, seqlen, seqlen,
@@ -515,6 +515,10 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert dkdv.layout["q_tiles"].shape == (3, 2 * 16 * 256 + 2 * 16) and dkdv.layout["barriers"].shape == (1, 6)
     assert "ring" in dkdv.layout["q_tiles"].note and dkdv.layout.total == 2 * 64 * 256 * 4 + 3 * 32896 + 48
     assert dkdv.producer_warp and dkdv.threads == 384 and dkdv.layout_expression.endswith(", true>")  # 6 mbarriers
+    # Its staged query tiles hold Q, dO, their transposes, lse and delta, as the ring does
+    # (rows_staged, where the producer makes the transposes, is not planned yet).
+    assert not dkdv.rows_staged and dkdv.staging == StagingConfig("dkdv queries", "fp32", 256, 16)
+    assert dkdv.staging.tile_bytes == dkdv.stage_bytes == 4 * 2 * 16 * 256 * 4 + 2 * 16 * 4 == 131200
     assert not plans("fp32", 192)[0].ring and not plans("tf32", 192)[0].ring
     # Where every other dK/dV tile spills, the d_split tile pads the head dim to 32:
     # 3xTF32 at 144 -> 160, 208 -> 224, 240 -> 256 (the ring); "tf32" at 240 -> 256.
@@ -526,6 +530,7 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     # One stage: K and V | K^T land on a barrier each, freed on two more (the producer warpgroup).
     assert dq.layout["barriers"].shape == (1, 4) and "K, V | K^T" in dq.layout["barriers"].note
     assert dq.producer_warp and dq.threads == 384 and dq.layout_expression.endswith(", true>")
+    assert not dq.rows_staged and dq.staging.tile_bytes == dq.stage_bytes == dq.layout["kv_tiles"].bytes
     assert not BwdDqWgmmaConfig("float32", "fp32", 112, 64, 16, 4, False).q_in_registers
     assert not BwdDqWgmmaConfig("float32", "tf32", 256, 64, 16, 4, False).q_in_registers
     # d_split dQ tiles: 64 rows shared by two warpgroups, whole 16-column halves of the head dim.
@@ -692,3 +697,33 @@ def test_3xtf32_forward_keeps_q_as_one_float32_copy_from_head_dim_128():
     assert q_bytes("fp32", 256) == (True, 64 * 256 * 4, 2)  # K and V^T in two parts: 64 KiB a stage, two stages
     assert q_bytes("tf32", 256) == (False, 64 * 256 * 4, 2)  # one TF32 part anyway
     assert FwdWgmmaConfig("float32", "fp32", 256, 64, 32, 4, False).layout.total <= 232448
+
+
+def test_a_producer_that_makes_the_transposed_tiles_stages_the_row_tiles_alone(monkeypatch):
+    """Where the producer warpgroup makes the transposed tiles (rows_staged: "fp32" D=256
+    dK/dV, dQ from 184; not planned until timed on a GPU, PRODUCER_MAKES_TRANSPOSED), the
+    staging launch writes the row tiles alone (half the bytes for dK/dV, two thirds for
+    dQ, and as much less global memory), while a stage in shared memory still holds the
+    transposes; the kernel and its layout take the flag as their last parameter."""
+    from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, StagingConfig
+
+    for cls in (BwdDkdvWgmmaConfig, BwdDqWgmmaConfig):
+        monkeypatch.setattr(cls, "PRODUCER_MAKES_TRANSPOSED", True)
+    dkdv = BwdDkdvWgmmaConfig("float32", "fp32", 256, 16, 64, 8, True)
+    assert dkdv.rows_staged and dkdv.ring and dkdv.producer_warp
+    assert dkdv.staging == StagingConfig("dkdv query rows", "fp32", 256, 16) and not dkdv.staging.transposed
+    assert dkdv.staging.tile_bytes == 2 * 2 * 16 * 256 * 4 + 2 * 16 * 4 == 65664
+    assert dkdv.stage_bytes == 4 * 2 * 16 * 256 * 4 + 2 * 16 * 4 == 131200
+    assert dkdv.staging.workspace_bytes(4, 16, 4096) == 4 * 16 * 256 * 65664
+    assert dkdv.staging.name_expression == "cupyattn::stage_queries_tf32<cupyattn::MmaTf32<3>, 256, 16, false>"
+    assert dkdv.name_expression.endswith(", 8, true, true>") and dkdv.layout_expression.endswith(", true, true>")
+    assert "made from them by the producer warpgroup" in dkdv.layout["q_tiles"].note
+    assert "makes dO^T and Q^T" in dkdv.work_split
+    dq = BwdDqWgmmaConfig("float32", "fp32", 192, 64, 16, 8, False)
+    assert dq.rows_staged and dq.staging == StagingConfig("dq key rows", "fp32", 192, 16)
+    assert dq.staging.tile_bytes == 2 * 2 * 16 * 192 * 4 and dq.stage_bytes == dq.layout["kv_tiles"].bytes == 3 * 2 * 16 * 192 * 4
+    assert dq.staging.name_expression == "cupyattn::stage_keys_tf32<cupyattn::MmaTf32<3>, 192, 16, true, false>"
+    assert "transposed one made from them by the producer warpgroup" in dq.layout["kv_tiles"].note
+    # Without a producer warpgroup nothing changes ("tf32" D=256 dK/dV: its ring has none).
+    tf32 = BwdDkdvWgmmaConfig("float32", "tf32", 256, 32, 64, 8, False)
+    assert not tf32.rows_staged and tf32.staging.operands == "dkdv queries" and tf32.name_expression.endswith(", 8, false>")

@@ -12,7 +12,7 @@ documented accuracy figures (docs/precision.md) are pinned at their own problem.
 import numpy as np
 import pytest
 from _gpu_cases import SETTINGS, problems
-from _tile_orders import staged_tiles
+from _tile_orders import staged_operands, staged_tiles
 from hypothesis import given
 from hypothesis import strategies as st
 from test_backward_gpu import run_backward_and_check
@@ -117,7 +117,7 @@ def test_wgmma_forward_in_every_planned_tile(precision, D, causal, tile, monkeyp
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
-@pytest.mark.parametrize("operands", ["forward keys", "dq keys", "dkdv queries"])
+@pytest.mark.parametrize("operands", ["forward keys", "dq keys", "dkdv queries", "dq key rows", "dkdv query rows"])
 @pytest.mark.parametrize("D,rows", [(40, 16), (64, 64), (128, 32), (256, 16)])
 def test_staged_tiles_match_the_wgmma_kernels_shared_memory_layout(precision, operands, D, rows):
     """The staging launches write every tile bit for bit as the wgmma kernel it feeds
@@ -139,7 +139,7 @@ def test_staged_tiles_match_the_wgmma_kernels_shared_memory_layout(precision, op
     a, b = pair[:, :, 0], pair[:, :, 1]
     staging = StagingConfig(operands, precision, mma_head_dim_pad(D), rows)
     on_gpu = cupy.asarray(pair)
-    if operands == "dkdv queries":
+    if staging.queries:
         o = cupy.asarray(rng.standard_normal((B, S, 2, H, D)).astype(np.float32))[:, :, 1]  # strided as dO
         delta = cupy.full((B, H, S), np.nan, dtype=cupy.float32)
         got = api.stage_tiles(staging, spec, on_gpu[:, :, 0], on_gpu[:, :, 1], o, cupy.asarray(lse), delta)
@@ -152,12 +152,11 @@ def test_staged_tiles_match_the_wgmma_kernels_shared_memory_layout(precision, op
         np.testing.assert_array_equal(delta.view(np.uint32), own.view(np.uint32))
         exact = np.einsum("bshd,bshd->bhs", b.astype(np.float64), o.get().astype(np.float64))
         np.testing.assert_allclose(delta, exact, rtol=1e-5, atol=1e-5)
-        want = staged_tiles([(a, False), (b, False), (a, True), (b, True)], precision, staging.head_dim_pad, rows,
+        want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows,
                             rowwise=(lse * np.float32(1.4426950408889634), delta))  # LOG2E
     else:
         got = api.stage_tiles(staging, spec, on_gpu[:, :, 0], on_gpu[:, :, 1])
-        order = [(a, False), (b, True)] if operands == "forward keys" else [(a, False), (b, False), (a, True)]
-        want = staged_tiles(order, precision, staging.head_dim_pad, rows)
+        want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows)
     got = got.get()
     assert got.size * 4 == staging.workspace_bytes(B, H, S)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -10,7 +10,7 @@ import pytest
 
 from _probes import CORE_TILE_PROBES, compile_probe
 from _ptx_emulator import PtxKernel, RaceError
-from _tile_orders import core_offset, slot_row, staged_tiles
+from _tile_orders import core_offset, slot_row, staged_operands, staged_tiles, tile_orders
 from test_compile import _nvrtc_reason
 
 pytestmark = pytest.mark.skipif(_nvrtc_reason() is not None, reason=str(_nvrtc_reason()))
@@ -180,6 +180,25 @@ def test_transpose_core_tile_puts_each_element_at_its_transposed_place(parts, ro
     np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.parametrize("parts,rows,d_pad,warps", [(2, 16, 256, 3), (2, 16, 192, 3), (2, 16, 224, 3),
+                                                    (1, 32, 48, 4), (2, 8, 16, 1), (1, 64, 32, 2)])
+def test_transpose_row_tile_makes_the_staged_transposed_tile(parts, rows, d_pad, warps):
+    """transpose_row_tile (the "fp32" D=256 backward's producer warps make Q^T, dO^T and K^T
+    with it): every word where stage_operand stages the transposed tile, each written by
+    one thread (the emulator's race check), at the planned shapes ((2, 16, 192-256) by 3
+    warps) and others."""
+    words = _random_words(parts * rows * d_pad, 7 * rows + d_pad + warps)
+    out = np.full_like(words, 0xFFC00000)  # poisoned
+    kernel = _kernel(CORE_TILE_PROBES, f"transpose_rows_probe<{parts}, {rows}, {d_pad}, {warps}>")
+    kernel.run(32 * warps, [words, out], 2 * words.nbytes)
+    row_at, transposed_at = tile_orders(rows, d_pad)
+    part = rows * d_pad
+    want = np.zeros_like(words)
+    for p in range(parts):
+        want[p * part + transposed_at] = words[p * part + row_at]
+    np.testing.assert_array_equal(out, want)
+
+
 @pytest.mark.parametrize("parts,rows,d_pad,from_row", [(2, 16, 256, 0), (2, 16, 256, 1), (2, 16, 256, 7),
                                                        (2, 16, 256, 9), (2, 16, 256, 16), (1, 64, 64, 40),
                                                        (1, 32, 96, 31)])
@@ -198,7 +217,8 @@ def test_zero_transposed_rows_zeroes_the_rows_from_its_index_and_keeps_the_rest(
 
 @pytest.mark.parametrize("precision,operands,D,rows", [("fp32", "dkdv queries", 40, 16), ("tf32", "dkdv queries", 64, 32),
                                                        ("fp32", "dq keys", 72, 16), ("fp32", "forward keys", 40, 16),
-                                                       ("tf32", "forward keys", 32, 64)])
+                                                       ("tf32", "forward keys", 32, 64), ("fp32", "dkdv query rows", 72, 16),
+                                                       ("fp32", "dq key rows", 40, 16), ("tf32", "dq key rows", 56, 32)])
 def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(precision, operands, D, rows):
     """The staging kernels (the launch's grid, one block after another) from strided views
     of two operands interleaved in one array, a partial last tile, the head dim padded:
@@ -222,7 +242,7 @@ def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(p
     staged = np.full(staging.workspace_bytes(B, H, S) // 4, np.nan, dtype=np.float32)
     blocks = staging.tiles(S) * B * H
     sizes = (np.int32(H), np.int32(S), np.int32(D), np.int32(staging.tiles(S)))
-    if operands == "dkdv queries":
+    if staging.queries:
         o_pair = rng.standard_normal((B, S, 2, H, D)).astype(np.float32)
         o = o_pair[:, :, 1]  # strided as dO
         lse = rng.standard_normal((B, H, S)).astype(np.float32)
@@ -235,10 +255,9 @@ def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(p
         np.testing.assert_array_equal(delta.view(np.uint32), own.view(np.uint32))
         exact = np.einsum("bshd,bshd->bhs", b.astype(np.float64), o.astype(np.float64))
         np.testing.assert_allclose(delta, exact, rtol=1e-5, atol=1e-5)
-        want = staged_tiles([(a, False), (b, False), (a, True), (b, True)], precision, staging.head_dim_pad, rows,
+        want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows,
                             rowwise=(lse * np.float32(1.4426950408889634), delta))  # LOG2E
     else:
         run(staging, blocks, [*views, staged, *api._elem_strides(a), *api._elem_strides(b), *sizes])
-        order = [(a, False), (b, True)] if operands == "forward keys" else [(a, False), (b, False), (a, True)]
-        want = staged_tiles(order, precision, staging.head_dim_pad, rows)
+        want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows)
     np.testing.assert_array_equal(staged.view(np.uint32), want.view(np.uint32))
