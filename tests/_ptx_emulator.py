@@ -1,34 +1,59 @@
 """A compiled kernel's PTX run on the CPU, block after block, so that device code that
-computes addresses, moves words and does float32 arithmetic (wgmma_tiles.cuh's
-rearrangements, the staging launches, ...) is checked as the compiler built it, where
-no GPU is at hand.
+computes addresses, moves words, does float32 arithmetic and meets other threads
+(wgmma_tiles.cuh's rearrangements, the staging launches, the wgmma kernels' producer /
+consumer protocol) is checked as the compiler built it, where no GPU is at hand.
 
-A block's threads run one after another, each up to its next meeting point: the block's
-barrier (bar.sync with no thread count) or its warp's shuffle (shfl.sync, the whole
-warp), where the lanes exchange values once all are there. A 4-byte word of shared
-memory that two threads touch between two barriers, one of them storing, is a race
-(RaceError; global memory is not checked). Emulated: integer and predicate arithmetic,
-branches, loads and stores, cp.async (done at once: its waits pass), float32 add, sub,
-mul and fma rounded to nearest even as the GPU rounds them (no flush to zero), TF32
-rounding (cvt.rna.tf32.f32); anything else (other float operations, atomics, named
-barriers with a count, ...) raises NotImplementedError naming the instruction, so a
-kernel never runs partly emulated. Global memory is the kernel's array arguments, each
-at its own address; shared memory starts as 0xFF bytes (NaN), not zeros.
+A block's threads run one after another, each up to its next meeting point: a barrier
+(bar.sync / barrier.sync, the block's or a named one of some threads; bar.arrive counts
+towards one without waiting), its warp's shuffle or __syncwarp, its warpgroup's wgmma,
+or an mbarrier wait whose phase has not completed (it tries again once the others have
+moved). A round in which no thread moves is a deadlock (DeadlockError, saying where each
+thread waits). Memory ordering is tracked with vector clocks: barriers, mbarrier phases
+(arrivals, and bulk copies' bytes, release; a completed wait acquires), shuffles and
+__syncwarp order what they join. A 4-byte word of shared memory that two threads touch
+unordered, one storing, is a race (RaceError; global memory is not checked); a wgmma
+reads its operands from its issue until the wait_group that retires it, and a store to
+them in between is a race too. Words a thread stored with ordinary stores must pass
+its fence.proxy.async before a wgmma reads them or a bulk copy overwrites them
+(RaceError, naming the fence).
+
+Emulated: integer and predicate arithmetic, branches, loads and stores, cp.async (done
+at once: its waits pass), cp.async.bulk (done at once, its bytes counted on its
+mbarrier), mbarriers, float32 add, sub, mul and fma rounded to nearest even as the GPU
+rounds them (no flush to zero), TF32 rounding (cvt.rna.tf32.f32); wgmma.mma_async
+m64nNk8 TF32 (operands from shared memory through their descriptors, wgmma.cuh's core
+matrices without swizzle, or A from registers; each operand word's top 19 bits, products
+summed exactly and added to float32 accumulators: near the tensor cores' results, not
+their bits) and ex2.approx (2^x rounded to nearest: near, not the GPU's bits) - so a
+kernel's results are checked against a reference with a tolerance, its data movement
+exactly. Anything else (other float operations, atomics, ...) raises
+NotImplementedError naming the instruction, so a kernel never runs partly emulated.
+Global memory is the kernel's array arguments, each at its own address; shared memory
+starts as 0xFF bytes (NaN), not zeros.
 """
 
 import re
 import struct
-from fractions import Fraction
 
 import numpy as np
 
 _GLOBAL_BASE = 1 << 40  # argument i's array at (i + 1) << 40: no two overlap
 _SHARED_WINDOW = 1 << 56  # generic addresses of shared memory (cvta)
-_BARRIER, _SHUFFLE, _EXIT = "barrier", "shuffle", "exit"  # where a thread stops
+# Where a thread stops: a barrier, its warp's shuffle or __syncwarp, its warpgroup's
+# wgmma, an mbarrier phase not yet complete, its end.
+_BARRIER, _SHUFFLE, _WARP_SYNC, _WGMMA, _YIELD, _EXIT = "barrier", "shuffle", "warp sync", "wgmma", "yield", "exit"
 
 
 class RaceError(AssertionError):
     pass
+
+
+class DeadlockError(AssertionError):
+    pass
+
+
+class UninitializedError(AssertionError):
+    """Shared memory read before anything stored it (it holds 0xFF bytes: NaN)."""
 
 
 def _split_operands(text: str) -> list[str]:
@@ -74,24 +99,23 @@ def _bits(x) -> int:
     return int(np.float32(x).view(np.uint32))
 
 
-def _nearest_f32(exact: Fraction, guess: float) -> np.float32:
-    """``exact`` rounded to float32, nearest and ties to even, from ``guess`` within an ulp."""
-    f = np.float32(guess)
-    if not np.isfinite(f):
-        return f
-    candidates = [c for c in (np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf)))
-                  if np.isfinite(c)]
-    return min(candidates, key=lambda c: (abs(Fraction(float(c)) - exact), int(c.view(np.uint32)) & 1))
-
-
 def _fma(a: float, b: float, c: float) -> int:
-    """fma.rn.f32: a * b + c rounded once."""
-    if not all(np.isfinite((a, b, c))):
-        return _bits(np.float32(a * b + c))
-    exact = Fraction(a) * Fraction(b) + Fraction(c)
-    if exact == 0:  # (the sign of zero as IEEE gives it; a double rounds nothing here)
-        return _bits(np.float32(a * b + c))
-    return _bits(_nearest_f32(exact, float(exact)))
+    """fma.rn.f32: a * b + c rounded once. In doubles a * b is exact, and s = a * b + c
+    is off the exact sum by e (TwoSum, exact); s rounds to the float32 the exact sum
+    does unless s is halfway between two float32, where e's sign says which."""
+    product = a * b
+    s = product + c
+    if not np.isfinite(s) or not all(np.isfinite((a, b, c))):
+        return _bits(np.float32(s))
+    back = s - product
+    e = (product - (s - back)) + (c - back)
+    f = np.float32(s)
+    if e == 0 or float(f) == s:
+        return _bits(f)
+    other = np.nextafter(f, np.float32(np.inf if s > float(f) else -np.inf))
+    if (float(f) + float(other)) / 2 != s:  # (not halfway: s and the exact sum round alike)
+        return _bits(f)
+    return _bits(other if (float(other) > s) == (e > 0) else f)
 
 
 def _tf32_rna(bits: int) -> int:
@@ -166,14 +190,14 @@ class PtxKernel:
             i += 1
         # Shared arrays: the static ones one after another, the dynamic one (extern) after them.
         self.shared_symbols, self.static_shared, dynamic = {}, 0, []
-        for extern, align, name, size in re.findall(
-                r"(\.extern\s+)?\.shared\s+\.align\s+(\d+)\s+\.\w+\s+(\w+)\[(\d*)\]", ptx):
+        for extern, align, bits, name, size in re.findall(
+                r"(\.extern\s+)?\.shared\s+\.align\s+(\d+)\s+\.[a-z]+(\d+)\s+(\w+)(?:\[(\d*)\])?\s*;", ptx):
             if extern:
                 dynamic.append((int(align), name))
                 continue
             self.static_shared = -(-self.static_shared // int(align)) * int(align)
             self.shared_symbols[name] = self.static_shared
-            self.static_shared += int(size)
+            self.static_shared += int(size) if size else int(bits) // 8  # (an array's bytes, or one value)
         for align, name in dynamic:
             self.static_shared = -(-self.static_shared // align) * align
             self.shared_symbols[name] = self.static_shared
@@ -222,8 +246,11 @@ class _Grid:
                 if id(array) not in self.arrays:
                     self.arrays[id(array)] = ((len(self.arrays) + 1) * _GLOBAL_BASE, array.reshape(-1).view(np.uint8))
                 self.param_values[name] = self.arrays[id(array)][0] + offset
+            elif isinstance(arg, (float, np.floating)):
+                self.param_values[name] = _bits(arg)  # (a float parameter: its float32 bits)
             else:
                 self.param_values[name] = int(arg)
+        self.dynamic_shared = shared_bytes
         self.steps = [self._decode(pc, s) for pc, s in enumerate(kernel.statements)]
 
     # memory ------------------------------------------------------------------
@@ -239,20 +266,80 @@ class _Grid:
                 return view, address - base, False
         raise IndexError(f"global access at {address:#x} ({size} bytes) outside every argument")
 
-    def _touch(self, thread: int, address: int, size: int, stored: bool):
+    def _touch(self, thread: int, address: int, size: int, stored: bool, proxy: str = "generic"):
+        """Thread ``thread`` reads or stores shared bytes [address, address + size): a race
+        unless every earlier store (and, storing, every earlier read) of each word happened
+        before, by the vector clocks; ``proxy`` "async": a bulk copy's store, which must
+        not overwrite a word stored by ordinary stores before their fence.proxy.async."""
+        clock = self.clocks[thread]
         for word in range(address // 4, (address + size + 3) // 4):
-            epoch, writer, reader = self.touched.get(word, (-1, None, None))
-            if epoch != self.epoch:
-                writer, reader = None, None
-            if writer is not None and writer != thread or stored and reader is not None and reader != thread:
+            if not stored and word not in self.words:
+                raise UninitializedError(f"shared word at byte {4 * word}: thread {thread} loads it, nothing "
+                                         "stored it")
+            writer, written, readers, unfenced = self.words.get(word, (None, 0, None, None))
+            if writer is not None and writer != thread and written > clock[writer]:
                 raise RaceError(f"shared word at byte {4 * word}: thread {thread} {'stores' if stored else 'loads'} "
-                                f"it, another {'stored' if writer is not None else 'loaded'} it since the last "
-                                "barrier")
+                                f"it, thread {writer} stored it, unordered (not before it: no barrier, mbarrier "
+                                "phase or shuffle between them)")
+            pending = self.in_flight.get(word)
+            if stored and pending:
+                raise RaceError(f"shared word at byte {4 * word}: thread {thread} stores it while a wgmma still "
+                                "reads it (before a wait_group retires it)")
+            if stored and readers:
+                for reader, read in readers.items():
+                    if isinstance(read, _AsyncRead):  # a wgmma's: after any wait_group that saw it done
+                        if not any(t == thread or c <= clock[t] for t, c in read.observed):
+                            raise RaceError(f"shared word at byte {4 * word}: thread {thread} stores it, a wgmma of "
+                                            f"threads {sorted({t for t, _ in read.observed})} read it, unordered "
+                                            "with every wait_group that retired it")
+                    elif reader != thread and read > clock[reader]:
+                        raise RaceError(f"shared word at byte {4 * word}: thread {thread} stores it, thread {reader} "
+                                        "loaded it, unordered (not before it: no barrier, mbarrier phase or "
+                                        "shuffle between them)")
+            if stored and proxy == "async" and unfenced is not None:
+                raise RaceError(f"shared word at byte {4 * word}: a bulk copy overwrites it, thread {unfenced} "
+                                "stored it with no fence.proxy.async since")
             if stored:
-                writer = thread
+                if proxy == "generic":
+                    self.unfenced[thread].add(word)
+                self.words[word] = (thread, clock[thread], None, thread if proxy == "generic" else None)
             else:
-                reader = thread if reader in (None, thread) else -1
-            self.touched[word] = (self.epoch, writer, reader)
+                readers = dict(readers or ())
+                readers[thread] = clock[thread]
+                self.words[word] = (writer, written, readers, unfenced)
+
+    def _async_reads(self, clock: np.ndarray, read: "_AsyncRead") -> None:
+        """A wgmma reads ``read.words`` from its issue (its threads' joined ``clock``): each
+        stored before it (and fenced for the async proxy), read until a wait_group of one
+        of its threads retires it."""
+        for word in read.words:
+            if word not in self.words:
+                raise UninitializedError(f"shared word at byte {4 * word}: a wgmma reads it, nothing stored it")
+            writer, written, _, unfenced = self.words.get(word, (None, 0, None, None))
+            if writer is not None and written > clock[writer]:
+                raise RaceError(f"shared word at byte {4 * word}: a wgmma reads it, thread {writer} stored it, "
+                                "unordered")
+            if unfenced is not None:
+                raise RaceError(f"shared word at byte {4 * word}: a wgmma reads it, thread {unfenced} stored it "
+                                "with no fence.proxy.async since")
+            self.in_flight.setdefault(word, set()).add(id(read))
+
+    def _retire_reads(self, thread: int, read: "_AsyncRead") -> None:
+        """A wait_group of ``thread`` retires the wgmma: its reads are done, before whatever
+        the thread does next (and before what any other of its threads does after its own
+        wait_group)."""
+        read.observed.append((thread, self.clocks[thread][thread]))
+        if len(read.observed) > 1:
+            return
+        for word in read.words:
+            pending = self.in_flight[word]
+            pending.discard(id(read))
+            if not pending:
+                del self.in_flight[word]
+            writer, written, readers, unfenced = self.words.get(word, (None, 0, None, None))
+            readers = dict(readers or ())
+            readers[id(read)] = read
+            self.words[word] = (writer, written, readers, unfenced)
 
     def load(self, thread: int, space: str, address: int, size: int) -> int:
         mem, at, shared = self._where(space, address, size)
@@ -275,7 +362,7 @@ class _Grid:
         if token in self.k.shared_symbols:
             at = self.k.shared_symbols[token]
             return lambda regs: at
-        if token.startswith("%"):
+        if token.startswith("%") or re.fullmatch(r"[A-Za-z_][\w$]*", token):  # (inline asm's own: p, ok)
             def register(regs):
                 try:
                     return regs[token]
@@ -296,7 +383,7 @@ class _Grid:
         return lambda regs: base(regs) + offset
 
     def _decode(self, pc: int, statement: str):
-        guard = re.match(r"@(!?)(%\w+)\s+", statement)
+        guard = re.match(r"@(!?)(%?\w+)\s+", statement)  # (inline asm names its own predicates)
         if guard:
             statement = statement[guard.end():]
         parts = statement.split(None, 1)
@@ -315,9 +402,27 @@ class _Grid:
         if name in ("ret", "exit"):
             return lambda regs: _EXIT
         if name in ("bar", "barrier"):
-            if op not in ("bar.sync", "barrier.sync", "barrier.sync.aligned") or len(ops) != 1:
-                raise NotImplementedError(f"{op} {', '.join(ops)} (only the whole block's barrier)")
-            return lambda regs: _BARRIER
+            return self._decode_barrier(op, ops, nxt)
+        if name == "mbarrier":
+            return self._decode_mbarrier(op, ops, nxt)
+        if name == "wgmma":
+            return self._decode_wgmma(op, ops, nxt)
+        if op == "fence.proxy.async.shared::cta":
+            return lambda regs: self._fence_proxy(regs["%tid.x"]) or nxt
+        if op == "fence.mbarrier_init.release.cluster" or name == "setmaxnreg":
+            return lambda regs: nxt  # (the emulator's mbarriers exist once initialized; registers are not counted)
+        if op in ("ex2.approx.f32", "ex2.approx.ftz.f32"):  # 2^x rounded to nearest (the GPU's is within 2 ulp)
+            dst, src = ops[0], self._operand(ops[1])
+            flush = ".ftz" in op
+
+            def exp2(regs):
+                x = _float(src(regs))
+                if flush and abs(x) < 2.0 ** -126:
+                    x = 0.0
+                with np.errstate(over="ignore"):
+                    regs[dst] = _bits(np.float32(np.exp2(np.float64(x))))
+                return nxt
+            return exp2
         if name in ("ld", "st"):
             return self._decode_memory(name, op, ops, nxt)
         if name == "cp":
@@ -447,11 +552,150 @@ class _Grid:
             return nxt
         return store
 
+    def _decode_barrier(self, op: str, ops: list, nxt: int):
+        """bar.sync / barrier.sync [id[, count]] (no count: the whole block), bar.arrive id,
+        count (counts towards the barrier without waiting), bar.warp.sync (the warp's lanes)."""
+        if op == "bar.warp.sync":
+            return lambda regs: _WARP_SYNC
+        m = re.fullmatch(r"(bar|barrier)\.(sync|arrive)(\.aligned)?", op)
+        if not m or not 1 <= len(ops) <= 2 or m.group(2) == "arrive" and len(ops) != 2:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        barrier = self._operand(ops[0])
+        count = self._operand(ops[1]) if len(ops) == 2 else (lambda regs: None)
+        if m.group(2) == "arrive":
+            return lambda regs: self._bar_arrive(regs["%tid.x"], barrier(regs), count(regs)) or nxt
+
+        def wait(regs):
+            regs["barrier"] = (barrier(regs), count(regs))
+            return _BARRIER
+        return wait
+
+    def _decode_mbarrier(self, op: str, ops: list, nxt: int):
+        m = re.fullmatch(r"mbarrier\.(init|arrive|arrive\.expect_tx|try_wait\.parity)\.shared(::cta)?\.b64", op)
+        if not m:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        kind = m.group(1)
+        if kind == "init":
+            at, count = self._address(ops[0]), self._operand(ops[1])
+
+            def init(regs):
+                self.mbarriers[at(regs)] = _Mbarrier(count(regs), self.threads)
+                return nxt
+            return init
+        if kind.startswith("arrive"):
+            if ops[0] != "_":
+                raise NotImplementedError(f"{op} {', '.join(ops)} (the state operand)")
+            at = self._address(ops[1])
+            tx = self._operand(ops[2]) if kind == "arrive.expect_tx" else (lambda regs: 0)
+
+            def arrive(regs):
+                t = regs["%tid.x"]
+                barrier = self._mbarrier(at(regs))
+                barrier.tx += tx(regs)
+                barrier.arrive(self.clocks[t])
+                self.clocks[t][t] += 1
+                return nxt
+            return arrive
+        dst, at, parity = ops[0], self._address(ops[1]), self._operand(ops[2])
+
+        def try_wait(regs):
+            barrier = self._mbarrier(at(regs))
+            if barrier.phase % 2 == parity(regs) % 2:  # the phase of this parity is still to complete
+                return _YIELD  # (tried again once the others have moved)
+            t = regs["%tid.x"]
+            np.maximum(self.clocks[t], barrier.completed, out=self.clocks[t])
+            regs[dst] = True
+            return nxt
+        return try_wait
+
+    def _mbarrier(self, address: int) -> "_Mbarrier":
+        if address >= _SHARED_WINDOW:
+            address -= _SHARED_WINDOW
+        try:
+            return self.mbarriers[address]
+        except KeyError:
+            raise KeyError(f"no mbarrier initialized at shared byte {address}") from None
+
+    def _fence_proxy(self, thread: int):
+        for word in self.unfenced[thread]:
+            writer, written, readers, unfenced = self.words[word]
+            if unfenced == thread:
+                self.words[word] = (writer, written, readers, None)
+        self.unfenced[thread] = set()
+
+    def _decode_wgmma(self, op: str, ops: list, nxt: int):
+        """wgmma.fence (nothing here), commit_group (closes this thread's group of issued
+        wgmmas), wait_group N (retires all but the last N groups: their operands' reads end),
+        and mma_async m64nNk8 TF32, which the warpgroup's 128 threads meet at (_wgmma)."""
+        if op == "wgmma.fence.sync.aligned":
+            return lambda regs: nxt
+        if op == "wgmma.commit_group.sync.aligned":
+            def commit(regs):
+                groups = self.wgmma_groups[regs["%tid.x"]]
+                groups.append([])
+                return nxt
+            return commit
+        if op == "wgmma.wait_group.sync.aligned":
+            keep = int(ops[0])
+
+            def wait(regs):
+                t = regs["%tid.x"]
+                groups = self.wgmma_groups[t]
+                closed = len(groups) - 1  # the last is the open one
+                while closed > keep:
+                    for read in groups.pop(0):
+                        self._retire_reads(t, read)
+                    closed -= 1
+                return nxt
+            return wait
+        m = re.fullmatch(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k8\.f32\.tf32\.tf32", op)
+        if not m or len(ops) != 6 or ops[4:] != ["1", "1"]:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        n = int(m.group(1))
+        d_regs = [r.strip() for r in ops[0].strip("{}").split(",")]
+        if len(d_regs) != n // 2:
+            raise NotImplementedError(f"{op}: {len(d_regs)} accumulators")
+        from_registers = ops[1].startswith("{")
+        a = ([self._operand(r.strip()) for r in ops[1].strip("{}").split(",")] if from_registers
+             else self._operand(ops[1]))
+        b, scale_d = self._operand(ops[2]), self._operand(ops[3])
+
+        def offer(regs):
+            a_value = [x(regs) for x in a] if from_registers else a(regs)
+            regs["wgmma"] = (nxt, n, d_regs, [regs.get(r, 0) for r in d_regs], from_registers, a_value, b(regs),
+                             bool(scale_d(regs)))
+            return _WGMMA
+        return offer
+
+    def _bar_arrive(self, thread: int, barrier: int, count: int | None):
+        state = self.named.setdefault(barrier, _NamedBarrier(self.threads))
+        state.join(self.clocks[thread], count)
+        self.clocks[thread][thread] += 1
+        self._release_if_complete(barrier)
+
     def _decode_async_copy(self, op: str, ops: list, nxt: int):
         """cp.async's copy done at once (a shared store now: the waits that follow pass);
         its groups and waits, nothing."""
         if re.fullmatch(r"cp\.async\.(commit_group|wait_group|wait_all)", op):
             return lambda regs: nxt
+        if op == "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes":
+            dst, src, size, bar = self._address(ops[0]), self._address(ops[1]), self._operand(ops[2]), \
+                self._address(ops[3])
+
+            def bulk_copy(regs):  # done at once; its bytes complete the barrier's transaction
+                t, n, to = regs["%tid.x"], size(regs), dst(regs)
+                if to >= _SHARED_WINDOW:
+                    to -= _SHARED_WINDOW
+                mem, at, _ = self._where("global", src(regs), n)
+                self._touch(t, to, n, True, proxy="async")
+                if to + n > self.shared.size:
+                    raise IndexError(f"shared access at {to} ({n} bytes) outside {self.shared.size}")
+                self.shared[to:to + n] = mem[at:at + n]
+                barrier = self._mbarrier(bar(regs))
+                barrier.tx -= n
+                barrier.join(self.clocks[t])
+                return nxt
+            return bulk_copy
         if not re.fullmatch(r"cp\.async\.c[ag]\.shared(::cta)?\.global(\.L2::\d+B)?", op) or len(ops) not in (3, 4):
             raise NotImplementedError(f"{op} {', '.join(ops)}")
         dst, src, size = self._address(ops[0]), self._address(ops[1]), int(ops[2])
@@ -492,43 +736,196 @@ class _Grid:
             if predicate:
                 regs[predicate] = valid
 
+    def _operand_words(self, desc: int, rows: int) -> np.ndarray:
+        """Shared words of a K-major TF32 operand of ``rows`` x 8 through its descriptor
+        (wgmma.cuh: no swizzle, 8-row x 16-byte core matrices; the leading byte offset
+        steps 4 columns, the stride byte offset 8 rows), [row, k]."""
+        if desc >> 62 or (desc >> 49) & 7:
+            raise NotImplementedError(f"wgmma descriptor {desc:#x}: swizzled or with a base offset")
+        start, leading, stride = (desc & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4
+        r, k = np.meshgrid(np.arange(rows), np.arange(8), indexing="ij")
+        at = start + (k // 4) * leading + (r // 8) * stride + (r % 8) * 16 + (k % 4) * 4
+        if at.max() + 4 > self.shared.size:
+            raise IndexError(f"wgmma operand at shared bytes {at.min()}..{at.max() + 4} outside {self.shared.size}")
+        return at // 4
+
+    def _tf32_values(self, words: np.ndarray) -> np.ndarray:
+        bits = self.shared.view(np.uint32)[words] & np.uint32(0xFFFFE000)  # the tensor cores' 19 bits
+        return bits.view(np.float32).astype(np.float64)
+
+    def _wgmma(self, lanes: list, threads: list):
+        """The warpgroup's wgmma (its 128 threads' offers): d = A B^T (+ d), m64nNk8, A 64 x 8
+        from shared memory or from the lanes' registers, B N x 8 from shared memory; d in
+        wgmma.cuh's accumulator layout. Its operands' words are read until a wait_group retires
+        them."""
+        offers = [regs.pop("wgmma") for regs in lanes]
+        _, n, d_regs, _, from_registers, a0, b_desc, scale_d = offers[0]
+        if any(o[6] != b_desc or o[7] != scale_d or (not from_registers and o[5] != a0) for o in offers):
+            raise NotImplementedError("a wgmma whose descriptors differ between its lanes")
+        lane = np.arange(128)
+        w, g, t = lane // 32, lane % 32 // 4, lane % 4
+        b_words = self._operand_words(b_desc, n)
+        b = self._tf32_values(b_words)
+        if from_registers:  # (row g, k t), (g + 8, t), (g, t + 4), (g + 8, t + 4) of the warp's 16 rows
+            a = np.zeros((64, 8))
+            bits = np.array([o[5] for o in offers], dtype=np.uint64).astype(np.uint32) & np.uint32(0xFFFFE000)
+            values = bits.view(np.float32).astype(np.float64)
+            for i, (dr, dk) in enumerate(((0, 0), (8, 0), (0, 4), (8, 4))):
+                a[16 * w + g + dr, t + dk] = values[:, i]
+            a_words = np.zeros(0, dtype=np.int64)
+        else:
+            a_words = self._operand_words(a0, 64)
+            a = self._tf32_values(a_words)
+        # d[j][e] of lane (g, t), warp w: row 16 w + g + 8 (e / 2), column 8 j + 2 t + e % 2
+        i = np.arange(n // 2)
+        rows = 16 * w[:, None] + g[:, None] + 8 * (i[None, :] % 4 // 2)
+        cols = 8 * (i[None, :] // 4) + 2 * t[:, None] + i[None, :] % 2
+        old = np.array([o[3] for o in offers], dtype=np.uint64).astype(np.uint32).view(np.float32)
+        product = (a @ b.T)[rows, cols]
+        new = (old.astype(np.float64) + product if scale_d else product).astype(np.float32)
+        for k, regs in enumerate(lanes):
+            for r, value in zip(d_regs, new[k].view(np.uint32)):
+                regs[r] = int(value)
+        read = _AsyncRead(np.concatenate([a_words.reshape(-1), b_words.reshape(-1)]).tolist())
+        self._async_reads(self.clocks[threads].max(axis=0), read)
+        for t in threads:  # each thread retires it with its wait_group (warp-wide: every lane waits)
+            self.wgmma_groups[t][-1].append(read)
+
+    def _release_if_complete(self, barrier: int):
+        state = self.named.get(barrier)
+        if state is None or not state.arrived:
+            return
+        expected = state.count if state.count is not None else sum(stop != _EXIT for stop in self.stops)
+        if state.arrived > expected:
+            raise DeadlockError(f"barrier {barrier}: {state.arrived} threads arrived, {expected} expected")
+        if state.arrived < expected:
+            return
+        for t in state.waiting:
+            np.maximum(self.clocks[t], state.clock, out=self.clocks[t])
+            self.clocks[t][t] += 1
+            self.pcs[t], self.stops[t] = self.pcs[t] + 1, None
+        del self.named[barrier]
+
+    def _where_each_waits(self) -> str:
+        places = {}
+        for t, (pc, stop) in enumerate(zip(self.pcs, self.stops)):
+            if stop != _EXIT:
+                places.setdefault((stop, self.k.statements[pc]), []).append(t)
+        return "; ".join(f"threads {ts[0]}..{ts[-1]} ({len(ts)}) at {stop}: {statement}"
+                         for (stop, statement), ts in places.items())
+
     def run_block(self, block: int):
         self.shared = np.full(self.shared_bytes, 0xFF, dtype=np.uint8)  # (not zeros: nothing relies on them)
-        self.touched, self.epoch = {}, 0
-        specials = {"%ntid.x": self.threads, "%ntid.y": 1, "%ntid.z": 1, "%tid.y": 0, "%tid.z": 0,
+        n = self.threads
+        self.clocks = np.eye(n, dtype=np.int64)  # thread t's vector clock: row t
+        self.words, self.in_flight, self.unfenced = {}, {}, [set() for _ in range(n)]
+        self.mbarriers, self.named = {}, {}
+        self.wgmma_groups = [[[]] for _ in range(n)]  # committed groups, then the open one
+        specials = {"%ntid.x": n, "%ntid.y": 1, "%ntid.z": 1, "%tid.y": 0, "%tid.z": 0,
                     "%ctaid.x": block, "%ctaid.y": 0, "%ctaid.z": 0, "%nctaid.x": self.blocks, "%nctaid.y": 1,
-                    "%nctaid.z": 1}
-        threads = [dict(specials, **{"%tid.x": t, "%laneid": t % 32, "%warpid": t // 32})
-                   for t in range(self.threads)]
-        pcs, stops = [0] * self.threads, [None] * self.threads
-        steps = self.steps
+                    "%nctaid.z": 1, "%dynamic_smem_size": self.dynamic_shared}
+        threads = [dict(specials, **{"%tid.x": t, "%laneid": t % 32, "%warpid": t // 32}) for t in range(n)]
+        self.pcs, self.stops = [0] * n, [None] * n
+        pcs, stops, steps = self.pcs, self.stops, self.steps
         while True:
-            for t, regs in enumerate(threads):
-                if stops[t] is None:
-                    pc = pcs[t]
-                    while True:
-                        nxt = steps[pc](regs)
-                        if isinstance(nxt, str):
-                            break
-                        pc = nxt
-                    pcs[t], stops[t] = pc, nxt  # at the statement it stopped at
             moved = False
-            for w in range(0, self.threads, 32):
-                if all(stops[t] == _SHUFFLE for t in range(w, w + 32)):
-                    if len({pcs[t] for t in range(w, w + 32)}) > 1:
-                        raise NotImplementedError(f"warp {w // 32}'s lanes at different shuffles")
-                    self._exchange(threads[w:w + 32])
-                    for t in range(w, w + 32):
+            for t, regs in enumerate(threads):
+                if stops[t] is not None:
+                    continue
+                pc, steps_run = pcs[t], 0
+                while True:
+                    nxt = steps[pc](regs)
+                    if isinstance(nxt, str):
+                        break
+                    pc, steps_run = nxt, steps_run + 1
+                pcs[t], stops[t] = pc, nxt  # at the statement it stopped at
+                moved = moved or nxt != _YIELD or steps_run > 0
+                if nxt == _BARRIER:
+                    barrier, count = regs.pop("barrier")
+                    state = self.named.setdefault(barrier, _NamedBarrier(n))
+                    state.join(self.clocks[t], count)
+                    state.waiting.append(t)
+                    self._release_if_complete(barrier)
+                elif nxt == _EXIT:
+                    for barrier in [b for b, state in self.named.items() if state.count is None]:
+                        self._release_if_complete(barrier)
+            for w in range(0, n, 32):
+                warp = range(w, w + 32)
+                if all(stops[t] == _SHUFFLE for t in warp) or all(stops[t] == _WARP_SYNC for t in warp):
+                    if len({pcs[t] for t in warp}) > 1:
+                        raise NotImplementedError(f"warp {w // 32}'s lanes at different shuffles or __syncwarps")
+                    if stops[w] == _SHUFFLE:
+                        self._exchange(threads[w:w + 32])
+                    joined = self.clocks[w:w + 32].max(axis=0)
+                    for t in warp:
+                        np.maximum(self.clocks[t], joined, out=self.clocks[t])
+                        self.clocks[t][t] += 1
                         pcs[t], stops[t] = pcs[t] + 1, None
                     moved = True
-            if moved:
-                continue
-            live = [t for t in range(self.threads) if stops[t] != _EXIT]
-            if not live:
+            for w in range(0, n - 127, 128):
+                group = range(w, w + 128)
+                if all(stops[t] == _WGMMA for t in group):
+                    if len({pcs[t] for t in group}) > 1:
+                        raise NotImplementedError(f"warpgroup {w // 128}'s threads at different wgmmas")
+                    self._wgmma(threads[w:w + 128], list(group))
+                    for t in group:
+                        pcs[t], stops[t] = pcs[t] + 1, None
+                    moved = True
+            if all(stop == _EXIT for stop in stops):
+                for t, groups in enumerate(self.wgmma_groups):
+                    if any(groups):
+                        raise RaceError(f"thread {t} ends with wgmma reads not retired by a wait_group")
                 return
-            if any(stops[t] != _BARRIER for t in live) or len({pcs[t] for t in live}) > 1:
-                raise NotImplementedError("threads wait at different barriers or shuffles (or a warp's "
-                                          "shuffle misses lanes)")
-            for t in live:  # every live thread is at the block's barrier: all pass it
-                pcs[t], stops[t] = pcs[t] + 1, None
-            self.epoch += 1
+            for t in range(n):
+                if stops[t] == _YIELD:
+                    stops[t] = None  # (its mbarrier wait, again)
+            if not moved:
+                raise DeadlockError("no thread can move: " + self._where_each_waits())
+
+
+class _AsyncRead:
+    """The shared words one wgmma reads, and (thread, its clock) at each wait_group that
+    retired it."""
+
+    def __init__(self, words: list):
+        self.words, self.observed = words, []
+
+
+class _NamedBarrier:
+    """A barrier's arrivals so far (bar.sync's waiting threads and bar.arrive's), their
+    clocks joined."""
+
+    def __init__(self, threads: int):
+        self.arrived, self.count, self.waiting = 0, None, []
+        self.clock = np.zeros(threads, dtype=np.int64)
+
+    def join(self, clock: np.ndarray, count: int | None):
+        if self.arrived and count != self.count:
+            raise NotImplementedError(f"a barrier's threads name different counts: {self.count}, {count}")
+        self.count, self.arrived = count, self.arrived + 1
+        np.maximum(self.clock, clock, out=self.clock)
+
+
+class _Mbarrier:
+    """An mbarrier: its current phase completes once ``count`` arrivals and the bytes they
+    expect (expect_tx; bulk copies count them down) are in; ``completed`` is the clock
+    that the phase released (what a wait acquires)."""
+
+    def __init__(self, count: int, threads: int):
+        self.count = self.pending = count
+        self.tx, self.phase = 0, 0
+        self.clock = np.zeros(threads, dtype=np.int64)
+        self.completed = np.zeros(threads, dtype=np.int64)
+
+    def arrive(self, clock: np.ndarray):
+        self.pending -= 1
+        if self.pending < 0:
+            raise DeadlockError(f"more arrivals at an mbarrier in one phase than its {self.count}")
+        self.join(clock)
+
+    def join(self, clock: np.ndarray):
+        np.maximum(self.clock, clock, out=self.clock)
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.completed, self.clock = self.clock, np.zeros_like(self.clock)
+            self.pending = self.count

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from _probes import CORE_TILE_PROBES, compile_probe
-from _ptx_emulator import PtxKernel, RaceError
+from _ptx_emulator import DeadlockError, PtxKernel, RaceError, UninitializedError
 from _tile_orders import core_offset, slot_row, staged_operands, staged_tiles, tile_orders
 from test_compile import _nvrtc_reason
 
@@ -42,13 +42,16 @@ extern "C" __global__ void arithmetic_probe(const int* in, int* out, long long* 
 """
 
 NEIGHBOUR_PROBE = r"""
-// Each thread's word read back by its neighbour, with or without a barrier between.
-template <bool SYNCED>
+// Each thread's word (-1 first, for all to see) set again and read back by its neighbour,
+// with or without a barrier between; or (UNWRITTEN) a word no thread writes read.
+template <bool SYNCED, bool UNWRITTEN = false>
 __global__ void neighbour_probe(int* out) {
     extern __shared__ int words[];
+    words[threadIdx.x] = -1;
+    __syncthreads();
     words[threadIdx.x] = threadIdx.x;
     if (SYNCED) __syncthreads();
-    out[threadIdx.x] = words[(threadIdx.x + 1) % blockDim.x];
+    out[threadIdx.x] = words[(threadIdx.x + 1) % blockDim.x + (UNWRITTEN ? blockDim.x : 0)];
 }
 """
 
@@ -79,6 +82,54 @@ extern "C" __global__ void shuffle_probe(const int* in, int* out) {
 
 DIVIDE_PROBE = r"""
 extern "C" __global__ void divide_probe(const float* in, float* out) { out[threadIdx.x] = in[threadIdx.x] / 3.0f; }
+"""
+
+
+SYNC_PROBES = r"""
+#include "wgmma.cuh"
+using namespace cupyattn;
+// d = A B^T by one wgmma m64n16k8 (TF32) of the block's 128 threads, A (64 x 8) and B
+// (16 x 8) in core-matrix order from global memory; FENCE: the threads' stores made
+// visible to the async proxy before the barrier, as the kernels do.
+template <bool FENCE>
+__global__ void wgmma_probe(const float* a, const float* b, float* out) {
+    __shared__ __align__(128) float tiles[64 * 8 + 16 * 8];
+    for (int i = threadIdx.x; i < 64 * 8 + 16 * 8; i += 128) tiles[i] = i < 64 * 8 ? a[i] : b[i - 64 * 8];
+    if (FENCE) fence_proxy_async();
+    __syncthreads();
+    float d[2][4];
+    wgmma_fence();
+    WgmmaTf32<16>::ss<false>(d, wgmma_desc<64>(wg_smem_addr(tiles)), wgmma_desc<16>(wg_smem_addr(tiles + 64 * 8)));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operand(d);
+    for (int j = 0; j < 2; ++j)
+        for (int e = 0; e < 4; ++e) out[threadIdx.x * 8 + j * 4 + e] = d[j][e];
+}
+// Every thread waits for an mbarrier's first phase, of ARRIVALS arrivals; thread 0 arrives.
+template <int ARRIVALS>
+__global__ void phase_probe(int* out) {
+    __shared__ unsigned long long bar;
+    init_mbarriers<1, 0, ARRIVALS>(&bar);  // (one arrival: init_mbarriers' first N)
+    if (ARRIVALS == 2 && threadIdx.x == 0) mbarrier_init(&bar, 2);
+    __syncthreads();
+    if (threadIdx.x == 0) mbarrier_arrive(&bar);
+    mbarrier_wait(&bar, 0);
+    out[threadIdx.x] = 1;
+}
+// Warp 0 stores words that warp 1 reads, handed over by named barrier 1 (ARRIVE: warp 0's
+// bar.arrive, warp 1's bar.sync) or not at all.
+template <bool ARRIVE>
+__global__ void handoff_probe(int* out) {
+    __shared__ int words[32];
+    if (threadIdx.x < 32) {
+        words[threadIdx.x] = 3 * threadIdx.x;
+        if (ARRIVE) named_barrier_arrive(1, 64);
+    } else {
+        if (ARRIVE) named_barrier_sync(1, 64);
+        out[threadIdx.x - 32] = words[threadIdx.x - 32];
+    }
+}
 """
 
 
@@ -118,8 +169,10 @@ def test_a_word_read_back_across_the_barrier_runs_and_without_it_is_a_race():
     out = np.zeros(96, dtype=np.int32)
     _kernel(NEIGHBOUR_PROBE, "neighbour_probe<true>").run(96, [out], 96 * 4)
     np.testing.assert_array_equal(out, np.roll(np.arange(96), -1))
-    with pytest.raises(RaceError, match="since the last barrier"):
+    with pytest.raises(RaceError, match="unordered"):
         _kernel(NEIGHBOUR_PROBE, "neighbour_probe<false>").run(96, [out], 96 * 4)
+    with pytest.raises(UninitializedError, match="nothing stored it"):
+        _kernel(NEIGHBOUR_PROBE, "neighbour_probe<true, true>").run(96, [out], 2 * 96 * 4)
 
 
 def test_float32_arithmetic_is_rounded_once_as_the_gpu_rounds_it():
@@ -130,13 +183,26 @@ def test_float32_arithmetic_is_rounded_once_as_the_gpu_rounds_it():
     # double first, both would tie to the even 1 + 2^-11.
     a[:2] = b[:2] = np.float32(1 + 2**-12)
     c[:2] = np.float32(2**-70), np.float32(-2**-70)
+    # More ties: products halfway between two floats, c zero (to even) or a hair either way.
+    k = rng.integers(1, 2**10, 16) * 2 + 1
+    a[2:18], b[2:18] = (1 + k * 2.0**-12).astype(np.float32), np.float32(1 + 2**-12)
+    c[2:18] = np.tile(np.float32([0, 2**-60, -2**-60, 2**-149]), 4)
     out = np.full(4 * n, np.nan, dtype=np.float32)
     _kernel(FLOAT_PROBE, "float_probe").run(n, [a, b, c, out])
     out = out.reshape(n, 4)
     assert out[0, 0] == np.float32(1 + 2**-11 + 2**-23) and out[1, 0] == np.float32(1 + 2**-11)
-    fma = (a.astype(np.float64) * b + c).astype(np.float32)  # (double rounding: wrong only at such ties)
-    np.testing.assert_array_equal(out[2:, 0], fma[2:])
+    np.testing.assert_array_equal(out[:, 0], [_exact_fma(*x) for x in zip(a, b, c)])
     np.testing.assert_array_equal(out[:, 1:], np.stack([a + b, a * c, b - c], axis=1))
+
+
+def _exact_fma(a, b, c) -> np.float32:
+    """a * b + c rounded once to float32, nearest, ties to even (exact fractions)."""
+    from fractions import Fraction
+
+    exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    f = np.float32(float(exact))
+    near = (np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf)))
+    return min(near, key=lambda x: (abs(Fraction(float(x)) - exact), int(x.view(np.uint32)) & 1))
 
 
 def test_warp_shuffles_exchange_the_lanes_values():
@@ -261,3 +327,38 @@ def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(p
         run(staging, blocks, [*views, staged, *api._elem_strides(a), *api._elem_strides(b), *sizes])
         want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows)
     np.testing.assert_array_equal(staged.view(np.uint32), want.view(np.uint32))
+
+
+def test_a_wgmma_computes_a_b_transposed_in_the_accumulator_layout_and_needs_the_proxy_fence():
+    """The emulated wgmma against NumPy: A and B through their descriptors (wgmma.cuh's
+    core matrices), the tensor cores' 19 bits of each operand, d in wgmma.cuh's layout;
+    without fence.proxy.async after the stores it reads, a race."""
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((64, 8)).astype(np.float32), rng.standard_normal((16, 8)).astype(np.float32)
+    r, k = np.meshgrid(np.arange(64), np.arange(8), indexing="ij")
+    a_tile, b_tile = np.zeros(64 * 8, np.float32), np.zeros(16 * 8, np.float32)
+    a_tile[core_offset(64, r, k)] = a
+    b_tile[core_offset(16, r[:16], k[:16])] = b
+    out = np.full(128 * 8, np.nan, np.float32)
+    _kernel(SYNC_PROBES, "wgmma_probe<true>", "sm_90a").run(128, [a_tile, b_tile, out])
+    tf32 = [(x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64) for x in (a, b)]
+    d = tf32[0] @ tf32[1].T
+    lane = np.arange(128)[:, None]
+    i = np.arange(8)[None, :]
+    rows = 16 * (lane // 32) + lane % 32 // 4 + 8 * (i % 4 // 2)
+    cols = 8 * (i // 4) + 2 * (lane % 4) + i % 2
+    np.testing.assert_array_equal(out.reshape(128, 8), d[rows, cols].astype(np.float32))
+    with pytest.raises(RaceError, match="fence.proxy.async"):
+        _kernel(SYNC_PROBES, "wgmma_probe<false>", "sm_90a").run(128, [a_tile, b_tile, out])
+
+
+def test_a_phase_that_never_completes_is_a_deadlock_and_a_named_barrier_hands_words_over():
+    out = np.zeros(64, np.int32)
+    _kernel(SYNC_PROBES, "phase_probe<1>", "sm_90a").run(64, [out])
+    assert (out == 1).all()
+    with pytest.raises(DeadlockError, match="mbarrier.try_wait"):
+        _kernel(SYNC_PROBES, "phase_probe<2>", "sm_90a").run(64, [out])
+    _kernel(SYNC_PROBES, "handoff_probe<true>", "sm_90a").run(64, [out])
+    np.testing.assert_array_equal(out[:32], 3 * np.arange(32))
+    with pytest.raises(RaceError, match="unordered"):
+        _kernel(SYNC_PROBES, "handoff_probe<false>", "sm_90a").run(64, [out])

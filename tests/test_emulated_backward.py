@@ -1,0 +1,152 @@
+"""The wgmma backward kernels run whole on the CPU (_ptx_emulator: their PTX as NVRTC
+compiles it for sm_90a, no GPU): the staging launch, then the dK/dV or dQ pass, every
+block, with their producer warpgroups, mbarriers, named barriers, bulk copies and wgmma.
+What this checks without a GPU: that no thread waits forever, that no shared word is
+touched by two threads unordered (or read by a wgmma before the fence that makes a
+thread's stores visible to it), and that dK, dV and dQ match the float64 reference (the
+emulated tensor cores sum exactly, so within float32 roundings, not bit for bit as on
+the GPU). The GPU tests (test_precision_gpu, test_backward_gpu) run the same kernels
+on the GPU."""
+
+import numpy as np
+import pytest
+
+from _ptx_emulator import PtxKernel
+from test_compile import _nvrtc_reason
+
+pytestmark = pytest.mark.skipif(_nvrtc_reason() is not None, reason=str(_nvrtc_reason()))
+
+LOG2E = 1.4426950408889634
+
+
+def _run(config, blocks, args, shared_bytes=0):
+    from _probes import compile_probe
+    from cupyattn.compile import kernel_source, target_arch
+
+    _, ptx, entry = compile_probe(kernel_source(config), config.name_expression, target_arch(config, "sm_90"))
+    PtxKernel(ptx, entry).run(config.threads, args, shared_bytes, blocks=blocks)
+
+
+def _strides(x):
+    """(batch, seq, head) strides in elements of a contiguous (B, S, H, D) array."""
+    return tuple(np.int64(s // x.itemsize) for s in x.strides[:3])
+
+
+def _stage(staging, a, b, out=None, lse=None, delta=None):
+    """api.stage_tiles, emulated: the staged tiles of (B, S, H, D) float32 arrays."""
+    B, S, H, D = a.shape
+    staged = np.full(staging.workspace_bytes(B, H, S) // 4, np.nan, dtype=np.float32)
+    tiles = staging.tiles(S)
+    rowwise = [out, lse, delta] if staging.queries else []
+    _run(staging, tiles * B * H, [a, b, *rowwise, staged, *_strides(a), *_strides(b),
+                                  *(_strides(out) if staging.queries else ()), np.int32(H), np.int32(S),
+                                  np.int32(D), np.int32(tiles)])
+    return staged
+
+
+def _problem(B, Sq, Sk, Hq, Hkv, D, causal, seed):
+    from cupyattn.reference import attention_reference, causal_offset
+
+    rng = np.random.default_rng(seed)
+    q, k, v, dout = (rng.standard_normal((B, s, h, D)).astype(np.float32)
+                     for s, h in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv), (Sq, Hq)))
+    out, lse = attention_reference(q, k, v, causal)
+    out, lse = (np.ascontiguousarray(x, dtype=np.float32) for x in (out, lse))
+    return q, k, v, dout, out, lse, causal_offset(causal, Sq, Sk) or 0
+
+
+# Within this much of the float64 reference, relative to the gradient's largest entry:
+# 3xTF32 keeps float32 accuracy (the GPU measured ~1e-6: test_precision_gpu), one TF32
+# pass ~1e-3 (10-bit operands).
+TOLERANCE = {"fp32": 1e-5, "tf32": 5e-3}
+
+
+def _close(got, want, name, precision):
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE[precision] * scale, err_msg=name)
+
+
+def _emulated_dkdv(cfg, q, k, v, dout, out, lse, offset):
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    delta = np.full((B, Hq, Sq), np.nan, np.float32)
+    staged = _stage(cfg.staging, q, dout, out, lse, delta)
+    dk, dv = np.full_like(k, np.nan), np.full_like(v, np.nan)
+    tiles = -(-Sk // cfg.block_n)
+    scale = np.float32(1 / np.sqrt(D))
+    _run(cfg, tiles * B * Hkv, [q, k, v, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v),
+                                *_strides(dout), *_strides(dk), *_strides(dv), np.int32(Hq), np.int32(Hkv),
+                                np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D), np.int32(tiles), scale,
+                                np.float32(scale * LOG2E), np.int32(offset), staged], cfg.layout.total)
+    return dk, dv, delta
+
+
+def _emulated_dq(cfg, q, k, v, dout, lse, delta, offset):
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    staged = _stage(cfg.staging, k, v)
+    dq = np.full_like(q, np.nan)
+    tiles = -(-Sq // cfg.block_m)
+    scale = np.float32(1 / np.sqrt(D))
+    _run(cfg, tiles * B * Hq, [q, k, v, dout, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v),
+                               *_strides(dout), *_strides(dq), np.int32(Hq), np.int32(Hkv), np.int32(Sq),
+                               np.int32(Sk), np.int32(D), np.int32(D), np.int32(tiles), scale,
+                               np.float32(scale * LOG2E), np.int32(offset), staged], cfg.layout.total)
+    return dq
+
+
+def _emulated_backward(dkdv, dq_cfg, q, k, v, dout, out, lse, offset):
+    dk, dv, delta = _emulated_dkdv(dkdv, q, k, v, dout, out, lse, offset)
+    return _emulated_dq(dq_cfg, q, k, v, dout, lse, delta, offset), dk, dv, delta
+
+
+def _check(precision, grads, q, k, v, dout, out, causal):
+    from cupyattn.reference import attention_backward_reference
+
+    dq, dk, dv, delta = grads
+    want_dq, want_dk, want_dv = attention_backward_reference(dout, q, k, v, causal)
+    exact_delta = np.einsum("bshd,bshd->bhs", dout.astype(np.float64), out.astype(np.float64))
+    _close(delta, exact_delta, "delta", "fp32")
+    for name, got, want in (("dV", dv, want_dv), ("dK", dk, want_dk), ("dQ", dq, want_dq)):
+        _close(got, want, name, precision)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp32_backward_whose_producer_makes_the_transposed_tiles_runs_whole_on_the_emulator(causal, monkeypatch):
+    """The "fp32" D=256 dK/dV and dQ kernels whose producer warpgroups make dO^T, Q^T and
+    K^T from the staged row tiles (rows_staged, not planned until timed on a GPU), every
+    thread of every block run (two key blocks of dK/dV, the second partial; 6 key tiles
+    of dQ; GQA, 2 query heads a key/value head; partial last tiles, Sq != Sk): no
+    deadlock, no race, no shared word read before it is written, the float64
+    reference's gradients, and the same bits as the planned kernels, which copy the
+    staged transposes (the same products in the same order from the same words)."""
+    from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig
+
+    def configs():
+        return (BwdDkdvWgmmaConfig("float32", "fp32", 256, 16, 64, 8, causal),
+                BwdDqWgmmaConfig("float32", "fp32", 256, 64, 16, 8, causal))
+
+    problem = _problem(1, 37, 83, 2, 1, 256, causal, seed=256 + causal)
+    q, k, v, dout, out, lse, offset = problem
+    planned = _emulated_backward(*configs(), *problem)
+    monkeypatch.setattr(BwdDkdvWgmmaConfig, "PRODUCER_MAKES_TRANSPOSED", True)
+    monkeypatch.setattr(BwdDqWgmmaConfig, "PRODUCER_MAKES_TRANSPOSED", True)
+    dkdv, dq_cfg = configs()
+    assert dkdv.rows_staged and dq_cfg.rows_staged and not dkdv.staging.transposed
+    grads = _emulated_backward(dkdv, dq_cfg, *problem)
+    _check("fp32", grads, q, k, v, dout, out, causal)
+    for name, got, want in zip(("dQ", "dK", "dV", "delta"), grads, planned):
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=name)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tf32_backward_runs_whole_on_the_emulator(causal):
+    """The emulator on kernels the GPU has run: the "tf32" D=64 tiles the planner takes at
+    4096 (dK/dV (32, 192, 12), dQ (128, 32, 8)) reach the reference's gradients."""
+    from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig
+
+    dkdv = BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 192, 12, causal)
+    dq_cfg = BwdDqWgmmaConfig("float32", "tf32", 64, 128, 32, 8, causal)
+    problem = _problem(1, 69, 100, 2, 1, 64, causal, seed=64 + causal)
+    q, k, v, dout, out, lse, offset = problem
+    _check("tf32", _emulated_backward(dkdv, dq_cfg, *problem), q, k, v, dout, out, causal)
