@@ -794,7 +794,7 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
 
     # The producer warpgroup making dO^T and Q^T in the ring from staged Q and dO (half the
     # staged bytes; kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::ROWS_STAGED): built and
-    # checked whole on the CPU (tests/test_emulated_backward.py: the same bits as the staged
+    # checked whole on the CPU (tests/test_emulated_kernels.py: the same bits as the staged
     # transposes), run on no GPU yet, so not planned until timed there.
     PRODUCER_MAKES_TRANSPOSED: ClassVar[bool] = False
 

@@ -19,14 +19,16 @@ its fence.proxy.async before a wgmma reads them or a bulk copy overwrites them
 
 Emulated: integer and predicate arithmetic, branches, loads and stores, cp.async (done
 at once: its waits pass), cp.async.bulk (done at once, its bytes counted on its
-mbarrier), mbarriers, float32 add, sub, mul and fma rounded to nearest even as the GPU
-rounds them (no flush to zero), TF32 rounding (cvt.rna.tf32.f32); wgmma.mma_async
-m64nNk8 TF32 (operands from shared memory through their descriptors, wgmma.cuh's core
-matrices without swizzle, or A from registers; each operand word's top 19 bits, products
-summed exactly and added to float32 accumulators: near the tensor cores' results, not
-their bits) and ex2.approx (2^x rounded to nearest: near, not the GPU's bits) - so a
-kernel's results are checked against a reference with a tolerance, its data movement
-exactly. Anything else (other float operations, atomics, ...) raises
+mbarrier), mbarriers, float32 add, sub, mul, fma and reciprocal rounded to nearest even
+as the GPU rounds them (no flush to zero), max, min, comparisons, int to float, TF32
+rounding (cvt.rna.tf32.f32), float32 atomic adds to global memory (in the order the
+threads run); wgmma.mma_async m64nNk8 TF32 (operands from shared memory through their
+descriptors, wgmma.cuh's core matrices without swizzle, or A from registers; each
+operand word's top 19 bits, products summed exactly and added to float32 accumulators:
+near the tensor cores' results, not their bits) and ex2.approx (2^x rounded to nearest:
+near, not the GPU's bits) - so a kernel's results are checked against a reference with
+a tolerance, its data movement exactly. A shared word read before anything stored it is
+an UninitializedError. Anything else (division, other float operations and atomics, ...) raises
 NotImplementedError naming the instruction, so a kernel never runs partly emulated.
 Global memory is the kernel's array arguments, each at its own address; shared memory
 starts as 0xFF bytes (NaN), not zeros.
@@ -91,12 +93,20 @@ def _immediate(token: str):
     return None
 
 
+_F32, _U32 = struct.Struct("<f"), struct.Struct("<I")
+
+
 def _float(bits: int) -> float:
-    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
+    return _F32.unpack(_U32.pack(bits & 0xFFFFFFFF))[0]
 
 
 def _bits(x) -> int:
-    return int(np.float32(x).view(np.uint32))
+    """x (a float) rounded to float32, nearest even (C's cast), as its bits."""
+    try:
+        return _U32.unpack(_F32.pack(x))[0]
+    except OverflowError:  # (past float32's range: infinity, as the cast gives)
+        with np.errstate(over="ignore"):
+            return int(np.float32(x).view(np.uint32))
 
 
 def _fma(a: float, b: float, c: float) -> int:
@@ -129,11 +139,39 @@ def _tf32_rna(bits: int) -> int:
     return (bits + 0x1000) & 0xFFFFE000
 
 
+def _reciprocal(x: float) -> int:
+    """rcp.rn.f32: 1 / x rounded once. 1 / x in doubles rounds the same way unless it lands
+    halfway between two float32, where the exact quotient (never itself halfway unless x is
+    a power of two, whose reciprocal is exact) says which."""
+    if x == 0 or not np.isfinite(x):
+        with np.errstate(divide="ignore"):
+            return _bits(np.float32(1) / np.float32(x))
+    s = 1.0 / x
+    f = np.float32(s)
+    if float(f) == s or not np.isfinite(f):
+        return _bits(f)
+    other = np.nextafter(f, np.float32(np.inf if s > float(f) else -np.inf))
+    if (float(f) + float(other)) / 2 != s:
+        return _bits(f)
+    from fractions import Fraction
+
+    exact = 1 / Fraction(x)
+    return _bits(other if (float(other) > s) == (exact > Fraction(s)) else f)
+
+
+def _max_min(pick):
+    """max.f32 / min.f32: a NaN operand gives the other one."""
+    def f(a, b, c):
+        return _bits(np.float32(b if np.isnan(a) else a if np.isnan(b) else pick(a, b)))
+    return f
+
+
 # float32 operations on the operands' values (Python floats, exact): add, sub and mul
 # rounded once in double, then to float32, are rounded as once to float32 (53 >= 2 x 24 + 2).
-_FLOAT_OPS = {"add": lambda a, b, c: _bits(np.float32(a + b)), "sub": lambda a, b, c: _bits(np.float32(a - b)),
-              "mul": lambda a, b, c: _bits(np.float32(a * b)), "fma": _fma,
-              "neg": lambda a, b, c: _bits(np.float32(-a)), "abs": lambda a, b, c: _bits(np.float32(abs(a)))}
+_FLOAT_OPS = {"add": lambda a, b, c: _bits(a + b), "sub": lambda a, b, c: _bits(a - b),
+              "mul": lambda a, b, c: _bits(a * b), "fma": _fma, "neg": lambda a, b, c: _bits(-a),
+              "abs": lambda a, b, c: _bits(abs(a)),
+              "max": _max_min(max), "min": _max_min(min)}
 
 
 def _integer_op(name: str, op: str, bits: int, signed: bool):
@@ -454,6 +492,17 @@ class _Grid:
         if op == "cvt.rna.tf32.f32":  # to TF32 (10 fraction bits), ties away from zero
             dst, src = ops[0], self._operand(ops[1])
             return lambda regs: regs.__setitem__(dst, _tf32_rna(src(regs))) or nxt
+        if re.fullmatch(r"cvt\.rn\.f32\.[su]32", op):  # (an int32 is a double exactly: rounded once)
+            dst, src, signed = ops[0], self._operand(ops[1]), ".s32" in op
+            return lambda regs: regs.__setitem__(
+                dst, _bits(np.float32(_signed(src(regs), 32) if signed else src(regs) & 0xFFFFFFFF))) or nxt
+        if op == "rcp.rn.f32":
+            dst, src = ops[0], self._operand(ops[1])
+            return lambda regs: regs.__setitem__(dst, _reciprocal(_float(src(regs)))) or nxt
+        if name == "setp" and re.fullmatch(r"setp\.\w+\.f32", op):
+            return self._decode_float_compare(op, ops, nxt)
+        if name in ("atom", "red") and re.fullmatch(r"(atom|red)\.global\.add(\.v[24])?\.f32", op):
+            return self._decode_float_add_to_global(name, op, ops, nxt)
         if re.search(r"\.(sat|cc|ftz|rz|rm|rp|rni|approx|full)\b", op) or name == "mad" and ".hi" in op:
             raise NotImplementedError(op)  # (saturation, carries, flushes, other roundings)
         if re.search(r"\.f(16|64)\b", op) or name == "setp" and ".f32" in op:
@@ -551,6 +600,45 @@ class _Grid:
                 self.store(regs["%tid.x"], space, at + i * size, size, v(regs))
             return nxt
         return store
+
+    def _decode_float_compare(self, op: str, ops: list, nxt: int):
+        """setp.CMP.f32: ordered comparisons are false where either value is NaN, the
+        unordered ones (equ, ltu, ...) true; num and nan test for NaNs."""
+        cmp = op.split(".")[1]
+        tests = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b,
+                 "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b}
+        if len(ops) != 3 or "|" in ops[0]:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        if cmp in ("num", "nan"):
+            def test(a, b):
+                return (np.isnan(a) or np.isnan(b)) == (cmp == "nan")
+        elif cmp in tests:
+            def test(a, b):
+                return not (np.isnan(a) or np.isnan(b)) and tests[cmp](a, b)
+        elif cmp.endswith("u") and cmp[:-1] in tests:
+            def test(a, b):
+                return bool(np.isnan(a) or np.isnan(b)) or tests[cmp[:-1]](a, b)
+        else:
+            raise NotImplementedError(op)
+        dst, x, y = ops[0], self._operand(ops[1]), self._operand(ops[2])
+        return lambda regs: regs.__setitem__(dst, bool(test(_float(x(regs)), _float(y(regs))))) or nxt
+
+    def _decode_float_add_to_global(self, name: str, op: str, ops: list, nxt: int):
+        """atom / red .global.add.f32 (and red's .v2 / .v4): float32 adds into global memory,
+        in the order the threads run (atom's first operand gets the value before)."""
+        returns = name == "atom"
+        address = self._address(ops[1] if returns else ops[0])
+        values = [self._operand(r.strip()) for r in (ops[2] if returns else ops[1]).strip("{}").split(",")]
+
+        def add(regs):
+            at, t = address(regs), regs["%tid.x"]
+            for i, value in enumerate(values):
+                old = self.load(t, "global", at + 4 * i, 4)
+                self.store(t, "global", at + 4 * i, 4, _bits(np.float32(_float(old) + _float(value(regs)))))
+                if returns:
+                    regs[ops[0]] = old
+            return nxt
+        return add
 
     def _decode_barrier(self, op: str, ops: list, nxt: int):
         """bar.sync / barrier.sync [id[, count]] (no count: the whole block), bar.arrive id,

@@ -136,7 +136,7 @@ def test_fp32_backward_whose_producer_makes_the_transposed_tiles_has_the_planned
         D, causal, mma_backward_tiles_taken_away, monkeypatch):
     """The "fp32" wgmma kernels whose producer warpgroups make dO^T and Q^T (dK/dV at 256)
     and K^T (dQ from 184) from staged row tiles (rows_staged: not planned until timed;
-    tests/test_emulated_backward.py runs them on the CPU) give the planned kernels'
+    tests/test_emulated_kernels.py runs them on the CPU) give the planned kernels'
     gradients bit for bit (the same products of the same words in the same order), on a
     GQA group with partial last tiles, Sq != Sk."""
     from cupyattn import plan as P

@@ -66,6 +66,21 @@ extern "C" __global__ void float_probe(const float* a, const float* b, const flo
 }
 """
 
+FLOAT_MORE_PROBE = r"""
+// The rest of the float32 operations the wgmma kernels use: a reciprocal, max and min
+// (a NaN gives the other), int to float, ordered comparisons, and an atomic add.
+extern "C" __global__ void float_more_probe(const float* a, const float* b, const int* n, float* out, float* sum) {
+    const int t = threadIdx.x;
+    float* o = out + 5 * t;
+    o[0] = 1.0f / a[t];
+    o[1] = fmaxf(a[t], b[t]);
+    o[2] = fminf(a[t], b[t]);
+    o[3] = (float)n[t];
+    o[4] = a[t] < b[t] ? 1.0f : a[t] == b[t] ? 2.0f : 0.0f;
+    atomicAdd(sum, (float)n[t]);
+}
+"""
+
 SHUFFLE_PROBE = r"""
 // A warp's sum by butterfly, lane ^ 5's, a lane three on (its own past the warp's end),
 // lane 5's.
@@ -193,6 +208,28 @@ def test_float32_arithmetic_is_rounded_once_as_the_gpu_rounds_it():
     assert out[0, 0] == np.float32(1 + 2**-11 + 2**-23) and out[1, 0] == np.float32(1 + 2**-11)
     np.testing.assert_array_equal(out[:, 0], [_exact_fma(*x) for x in zip(a, b, c)])
     np.testing.assert_array_equal(out[:, 1:], np.stack([a + b, a * c, b - c], axis=1))
+
+
+def test_reciprocal_max_min_int_to_float_compares_and_atomic_adds_match_numpy():
+    n = 64
+    rng = np.random.default_rng(4)
+    a = (rng.standard_normal(n) * 2.0 ** rng.integers(-30, 30, n)).astype(np.float32)
+    b = np.where(rng.random(n) < 0.2, a, rng.standard_normal(n)).astype(np.float32)
+    a[:3], b[3:6] = np.nan, np.nan
+    ints = rng.integers(-2**31, 2**31, n).astype(np.int32)
+    out, total = np.full(5 * n, np.nan, np.float32), np.zeros(1, np.float32)
+    _kernel(FLOAT_MORE_PROBE, "float_more_probe").run(n, [a, b, ints, out, total])
+    out = out.reshape(n, 5)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(out[:, 0], np.float32(1) / a)
+        np.testing.assert_array_equal(out[:, 1], np.fmax(a, b))
+        np.testing.assert_array_equal(out[:, 2], np.fmin(a, b))
+        np.testing.assert_array_equal(out[:, 3], ints.astype(np.float32))
+        np.testing.assert_array_equal(out[:, 4], np.where(a < b, 1, np.where(a == b, 2, 0)).astype(np.float32))
+    want = np.float32(0)
+    for x in ints.astype(np.float32):  # (the threads in turn)
+        want = np.float32(want + x)
+    np.testing.assert_array_equal(total, [want])
 
 
 def _exact_fma(a, b, c) -> np.float32:

@@ -1,12 +1,13 @@
-"""The wgmma backward kernels run whole on the CPU (_ptx_emulator: their PTX as NVRTC
-compiles it for sm_90a, no GPU): the staging launch, then the dK/dV or dQ pass, every
-block, with their producer warpgroups, mbarriers, named barriers, bulk copies and wgmma.
-What this checks without a GPU: that no thread waits forever, that no shared word is
-touched by two threads unordered (or read by a wgmma before the fence that makes a
-thread's stores visible to it), and that dK, dV and dQ match the float64 reference (the
-emulated tensor cores sum exactly, so within float32 roundings, not bit for bit as on
-the GPU). The GPU tests (test_precision_gpu, test_backward_gpu) run the same kernels
-on the GPU."""
+"""The wgmma kernels run whole on the CPU (_ptx_emulator: their PTX as NVRTC compiles it
+for sm_90a, no GPU): the staging launch, then the forward, the dK/dV or dQ pass, or the
+fused backward, every block, with their producer warpgroups, mbarriers, named barriers,
+bulk copies, wgmma and atomics. What this checks without a GPU: that no thread waits
+forever, that no shared word is touched by two threads unordered (or read by a wgmma
+before the fence that makes a thread's stores visible to it), that none is read before
+something stored it, and that the results match the float64 reference (the emulated
+tensor cores sum exactly, so within float32 roundings, not bit for bit as on the GPU).
+The GPU tests (test_precision_gpu, test_backward_gpu, test_forward_gpu) run the same
+kernels on the GPU."""
 
 import numpy as np
 import pytest
@@ -140,13 +141,62 @@ def test_fp32_backward_whose_producer_makes_the_transposed_tiles_runs_whole_on_t
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_tf32_backward_runs_whole_on_the_emulator(causal):
-    """The emulator on kernels the GPU has run: the "tf32" D=64 tiles the planner takes at
-    4096 (dK/dV (32, 192, 12), dQ (128, 32, 8)) reach the reference's gradients."""
+@pytest.mark.parametrize("D,dkdv_tile,dq_tile", [(64, (32, 192, 12), (128, 32, 8)), (256, (32, 64, 8), (64, 32, 4))])
+def test_tf32_backward_runs_whole_on_the_emulator(D, dkdv_tile, dq_tile, causal):
+    """Kernels the GPU has run, as the planner takes them at 4096 in "tf32": D=64, and
+    D=256, whose dK/dV query tiles stream through the ring without a producer warpgroup
+    (block barriers and named barrier 5 free its slots): the reference's gradients."""
     from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig
 
-    dkdv = BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 192, 12, causal)
-    dq_cfg = BwdDqWgmmaConfig("float32", "tf32", 64, 128, 32, 8, causal)
-    problem = _problem(1, 69, 100, 2, 1, 64, causal, seed=64 + causal)
+    dkdv = BwdDkdvWgmmaConfig("float32", "tf32", D, *dkdv_tile, causal)
+    dq_cfg = BwdDqWgmmaConfig("float32", "tf32", D, *dq_tile, causal)
+    assert dkdv.ring == (D == 256) and not dkdv.producer_warp
+    problem = _problem(1, 69, 100, 2, 1, D, causal, seed=D + causal)
     q, k, v, dout, out, lse, offset = problem
     _check("tf32", _emulated_backward(dkdv, dq_cfg, *problem), q, k, v, dout, out, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_backward_runs_whole_on_the_emulator(causal):
+    """The fused "tf32" D=64 pass (deterministic=False, as planned at 4096: (32, 192, 12)):
+    dK and dV, and dQ added by every block with float32 atomics (red.global.add.v4) into
+    a zeroed dq, within tolerance of the reference (the atomics' order is the emulator's)."""
+    from cupyattn.plan import BwdFusedWgmmaConfig
+
+    cfg = BwdFusedWgmmaConfig("float32", "tf32", 64, 32, 192, 12, causal)
+    q, k, v, dout, out, lse, offset = _problem(1, 70, 200, 2, 1, 64, causal, seed=7 + causal)
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    delta = np.full((B, Hq, Sq), np.nan, np.float32)
+    staged = _stage(cfg.staging, q, dout, out, lse, delta)
+    dq, dk, dv = np.zeros_like(q), np.full_like(k, np.nan), np.full_like(v, np.nan)
+    tiles = -(-Sk // cfg.block_n)
+    scale = np.float32(1 / np.sqrt(D))
+    _run(cfg, tiles * B * Hkv, [q, k, v, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v),
+                                *_strides(dout), *_strides(dk), *_strides(dv), np.int32(Hq), np.int32(Hkv),
+                                np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D), np.int32(tiles), scale,
+                                np.float32(scale * LOG2E), np.int32(offset), staged, dq, *_strides(dq)],
+         cfg.layout.total)
+    _check("tf32", (dq, dk, dv, delta), q, k, v, dout, out, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("precision,D,tile", [("fp32", 256, (128, 16, 8)), ("tf32", 64, (128, 64, 8))])
+def test_wgmma_forward_runs_whole_on_the_emulator(precision, D, tile, causal):
+    """The forward as planned at 4096 ("fp32" D=256: 16-key tiles, two stages; "tf32"
+    D=64), every block (GQA 2:1, Sq=70, Sk=90): the reference's output and lse."""
+    from cupyattn.plan import FwdWgmmaConfig
+
+    cfg = FwdWgmmaConfig("float32", precision, D, *tile, causal)
+    q, k, v, _, want_out, want_lse, offset = _problem(1, 70, 90, 2, 1, D, causal, seed=D + causal)
+    B, Sq, Hq, _ = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    staged = _stage(cfg.staging, k, v)
+    out, lse = np.full_like(q, np.nan), np.full((B, Hq, Sq), np.nan, np.float32)
+    tiles = -(-Sq // cfg.block_m)
+    _run(cfg, tiles * B * Hq, [q, k, v, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+                               np.int32(Hq), np.int32(Hkv), np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D),
+                               np.int32(tiles), np.float32(LOG2E / np.sqrt(D)), np.int32(offset), staged],
+         cfg.layout.total)
+    _close(out, want_out, "out", precision)
+    np.testing.assert_allclose(lse, want_lse, rtol=TOLERANCE[precision], atol=0, err_msg="lse")
