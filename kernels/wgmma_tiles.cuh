@@ -124,6 +124,15 @@ __device__ __forceinline__ void transpose_core_tile(float* dst, const float* src
     }
 }
 
+// x[0..3] to shared memory at p (16-byte aligned) as one 16-byte store. A float4 store
+// through a pointer into the producer warpgroup's ring slots compiled to four 4-byte
+// stores (16 wavefronts a warp where 4 do: tests/test_ptx_emulator.py counts them).
+__device__ __forceinline__ void store_shared_v4(float* p, const float (&x)[4]) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(wg_smem_addr(p)), "f"(x[0]), "f"(x[1]), "f"(x[2]),
+                 "f"(x[3])
+                 : "memory");
+}
+
 // The transposed tile (stage_operand's order: D_PAD rows d, the R rows as slots permuted
 // within 8) of an R x D_PAD row tile (core-matrix order), PARTS parts R * D_PAD words
 // apart, made in shared memory by WARPS warps (`warp` = 0..WARPS-1 of them, not a whole
@@ -153,8 +162,7 @@ __device__ __forceinline__ void transpose_row_tile(float* transposed, const floa
         for (int j = 0; j < 4; ++j) w[j] = rot & 1 ? v[(j + 3) % 4] : v[j];
 #pragma unroll
         for (int j = 0; j < 4; ++j) x[j] = rot & 2 ? w[(j + 2) % 4] : w[j];
-        *reinterpret_cast<float4*>(transposed + part * R * D_PAD + core_offset<D_PAD>(d, group * 8 + 4 * p)) =
-            make_float4(x[0], x[1], x[2], x[3]);
+        store_shared_v4(transposed + part * R * D_PAD + core_offset<D_PAD>(d, group * 8 + 4 * p), x);
     }
 }
 

@@ -252,15 +252,42 @@ class PtxKernel:
             if statement and not statement.startswith("."):  # (declarations: .reg, ...)
                 self.statements.append(statement)
 
-    def run(self, threads: int, args: list, shared_bytes: int = 0, blocks: int = 1) -> list:
+    def run(self, threads: int, args: list, shared_bytes: int = 0, blocks: int = 1,
+            wavefronts: dict | None = None) -> list:
         """Run ``blocks`` blocks (x only) of ``threads`` threads with ``args``, one block
         after another: for a pointer, a contiguous numpy array or (array, byte offset)
         (read and written in place; the same array twice is one allocation), else an int.
-        ``shared_bytes``: the dynamic shared memory. Returns ``args``."""
+        ``shared_bytes``: the dynamic shared memory. ``wavefronts``: filled with, for each
+        shared-memory load or store statement, the shared-memory wavefronts of each time
+        a warp ran it (bank_wavefronts). Returns ``args``."""
         grid = _Grid(self, threads, args, shared_bytes, blocks)
+        grid.log_shared = wavefronts is not None
         for block in range(blocks):
             grid.run_block(block)
+            if wavefronts is not None:
+                for (_, pc), lanes in sorted(grid.shared_accesses.items()):
+                    runs = wavefronts.setdefault(self.statements[pc], [])
+                    for k in range(max(len(a) for a in lanes.values())):
+                        runs.append(bank_wavefronts([a[k] for a in lanes.values() if k < len(a)]))
         return args
+
+
+def bank_wavefronts(accesses: list) -> int:
+    """Shared-memory wavefronts of one warp's access ((lane, byte address, bytes) a lane,
+    all of one width): lanes go in phases of 128 bytes (32 lanes of 4-byte words, 16 of 8,
+    8 of 16), and a phase takes as many wavefronts as the most distinct words any of the
+    32 banks holds (the same word is broadcast)."""
+    width = accesses[0][2]
+    per_phase = 128 // width
+    total = 0
+    for phase in {lane // per_phase for lane, _, _ in accesses}:
+        words = {word for lane, at, size in accesses if lane // per_phase == phase
+                 for word in range(at // 4, (at + size) // 4)}
+        banks: dict = {}
+        for word in words:
+            banks[word % 32] = banks.get(word % 32, 0) + 1
+        total += max(banks.values())
+    return total
 
 
 class _Grid:
@@ -289,6 +316,7 @@ class _Grid:
             else:
                 self.param_values[name] = int(arg)
         self.dynamic_shared = shared_bytes
+        self.log_shared = False  # (run: wavefronts)
         self.steps = [self._decode(pc, s) for pc, s in enumerate(kernel.statements)]
 
     # memory ------------------------------------------------------------------
@@ -585,9 +613,12 @@ class _Grid:
         if len(registers) != count:
             raise NotImplementedError(f"{op} {', '.join(ops)}")
         address = self._address(ops[1] if name == "ld" else ops[0])
+        pc = nxt - 1
         if name == "ld":
             def load(regs):
                 at = address(regs)
+                if self.log_shared:
+                    self._log_shared(regs, pc, space, at, count * size)
                 for i, r in enumerate(registers):
                     regs[r] = self.load(regs["%tid.x"], space, at + i * size, size)
                 return nxt
@@ -596,10 +627,20 @@ class _Grid:
 
         def store(regs):
             at = address(regs)
+            if self.log_shared:
+                self._log_shared(regs, pc, space, at, count * size)
             for i, v in enumerate(values):
                 self.store(regs["%tid.x"], space, at + i * size, size, v(regs))
             return nxt
         return store
+
+    def _log_shared(self, regs: dict, pc: int, space: str, at: int, size: int):
+        """A lane's shared access, for bank_wavefronts: (lane, byte address, bytes) under
+        (its warp, the statement), in the order the lane runs them."""
+        if space == "shared" or space == "" and at >= _SHARED_WINDOW:
+            t = regs["%tid.x"]
+            lanes = self.shared_accesses.setdefault((t // 32, pc), {})
+            lanes.setdefault(t, []).append((t % 32, at % _SHARED_WINDOW, size))
 
     def _decode_float_compare(self, op: str, ops: list, nxt: int):
         """setp.CMP.f32: ordered comparisons are false where either value is NaN, the
@@ -907,7 +948,7 @@ class _Grid:
         n = self.threads
         self.clocks = np.eye(n, dtype=np.int64)  # thread t's vector clock: row t
         self.words, self.in_flight, self.unfenced = {}, {}, [set() for _ in range(n)]
-        self.mbarriers, self.named = {}, {}
+        self.mbarriers, self.named, self.shared_accesses = {}, {}, {}
         self.wgmma_groups = [[[]] for _ in range(n)]  # committed groups, then the open one
         specials = {"%ntid.x": n, "%ntid.y": 1, "%ntid.z": 1, "%tid.y": 0, "%tid.z": 0,
                     "%ctaid.x": block, "%ctaid.y": 0, "%ctaid.z": 0, "%nctaid.x": self.blocks, "%nctaid.y": 1,

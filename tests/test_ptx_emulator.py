@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from _probes import CORE_TILE_PROBES, compile_probe
-from _ptx_emulator import DeadlockError, PtxKernel, RaceError, UninitializedError
+from _ptx_emulator import DeadlockError, PtxKernel, RaceError, UninitializedError, bank_wavefronts
 from _tile_orders import core_offset, slot_row, staged_operands, staged_tiles, tile_orders
 from test_compile import _nvrtc_reason
 
@@ -300,6 +300,24 @@ def test_transpose_row_tile_makes_the_staged_transposed_tile(parts, rows, d_pad,
     for p in range(parts):
         want[p * part + transposed_at] = words[p * part + row_at]
     np.testing.assert_array_equal(out, want)
+
+
+def test_transpose_row_tile_reads_and_writes_shared_memory_without_bank_conflicts():
+    """transpose_row_tile's per-lane rotation of its 4 reads: each warp's 4-byte loads take
+    one wavefront and its 16-byte stores four (512 bytes, the fewest), at the planned
+    shape; without the rotation the loads would take 4 (the columns of a core matrix
+    row 4 words apart share a bank)."""
+    words = _random_words(2 * 16 * 256, 1)
+    out = np.zeros_like(words)
+    wavefronts = {}
+    _kernel(CORE_TILE_PROBES, "transpose_rows_probe<2, 16, 256, 3>").run(96, [words, out], 2 * words.nbytes,
+                                                                          wavefronts=wavefronts)
+    loads = {k: v for k, v in wavefronts.items() if k.startswith("ld.shared.f32")}
+    stores = {k: v for k, v in wavefronts.items() if k.startswith("st.shared.v4")}
+    assert len(loads) == 5 and len(stores) == 1  # (its 4 reads unrolled, and the probe's copy out)
+    assert all(set(v) == {1} for v in loads.values()) and set(next(iter(stores.values()))) == {4}
+    assert bank_wavefronts([(lane, 4 * lane * 32, 4) for lane in range(32)]) == 32  # (one bank, 32 words)
+    assert bank_wavefronts([(lane, 16 * lane, 16) for lane in range(32)]) == 4
 
 
 @pytest.mark.parametrize("parts,rows,d_pad,from_row", [(2, 16, 256, 0), (2, 16, 256, 1), (2, 16, 256, 7),
