@@ -20,12 +20,12 @@ pytestmark = pytest.mark.skipif(_nvrtc_reason() is not None, reason=str(_nvrtc_r
 LOG2E = 1.4426950408889634
 
 
-def _run(config, blocks, args, shared_bytes=0):
+def _run(config, blocks, args, shared_bytes=0, wavefronts=None):
     from _probes import compile_probe
     from cupyattn.compile import kernel_source, target_arch
 
     _, ptx, entry = compile_probe(kernel_source(config), config.name_expression, target_arch(config, "sm_90"))
-    PtxKernel(ptx, entry).run(config.threads, args, shared_bytes, blocks=blocks)
+    PtxKernel(ptx, entry).run(config.threads, args, shared_bytes, blocks=blocks, wavefronts=wavefronts)
 
 
 def _strides(x):
@@ -67,7 +67,20 @@ def _close(got, want, name, precision):
     np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE[precision] * scale, err_msg=name)
 
 
-def _emulated_dkdv(cfg, q, k, v, dout, out, lse, offset):
+def _emulated_forward(cfg, q, k, v, offset, wavefronts=None):
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    staged = _stage(cfg.staging, k, v)
+    out, lse = np.full_like(q, np.nan), np.full((B, Hq, Sq), np.nan, np.float32)
+    tiles = -(-Sq // cfg.block_m)
+    _run(cfg, tiles * B * Hq, [q, k, v, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+                               np.int32(Hq), np.int32(Hkv), np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D),
+                               np.int32(tiles), np.float32(LOG2E / np.sqrt(D)), np.int32(offset), staged],
+         cfg.layout.total, wavefronts)
+    return out, lse
+
+
+def _emulated_dkdv(cfg, q, k, v, dout, out, lse, offset, wavefronts=None):
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     delta = np.full((B, Hq, Sq), np.nan, np.float32)
@@ -78,11 +91,11 @@ def _emulated_dkdv(cfg, q, k, v, dout, out, lse, offset):
     _run(cfg, tiles * B * Hkv, [q, k, v, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v),
                                 *_strides(dout), *_strides(dk), *_strides(dv), np.int32(Hq), np.int32(Hkv),
                                 np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D), np.int32(tiles), scale,
-                                np.float32(scale * LOG2E), np.int32(offset), staged], cfg.layout.total)
+                                np.float32(scale * LOG2E), np.int32(offset), staged], cfg.layout.total, wavefronts)
     return dk, dv, delta
 
 
-def _emulated_dq(cfg, q, k, v, dout, lse, delta, offset):
+def _emulated_dq(cfg, q, k, v, dout, lse, delta, offset, wavefronts=None):
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     staged = _stage(cfg.staging, k, v)
@@ -92,7 +105,7 @@ def _emulated_dq(cfg, q, k, v, dout, lse, delta, offset):
     _run(cfg, tiles * B * Hq, [q, k, v, dout, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v),
                                *_strides(dout), *_strides(dq), np.int32(Hq), np.int32(Hkv), np.int32(Sq),
                                np.int32(Sk), np.int32(D), np.int32(D), np.int32(tiles), scale,
-                               np.float32(scale * LOG2E), np.int32(offset), staged], cfg.layout.total)
+                               np.float32(scale * LOG2E), np.int32(offset), staged], cfg.layout.total, wavefronts)
     return dq
 
 
@@ -189,14 +202,6 @@ def test_wgmma_forward_runs_whole_on_the_emulator(precision, D, tile, causal):
 
     cfg = FwdWgmmaConfig("float32", precision, D, *tile, causal)
     q, k, v, _, want_out, want_lse, offset = _problem(1, 70, 90, 2, 1, D, causal, seed=D + causal)
-    B, Sq, Hq, _ = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
-    staged = _stage(cfg.staging, k, v)
-    out, lse = np.full_like(q, np.nan), np.full((B, Hq, Sq), np.nan, np.float32)
-    tiles = -(-Sq // cfg.block_m)
-    _run(cfg, tiles * B * Hq, [q, k, v, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-                               np.int32(Hq), np.int32(Hkv), np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D),
-                               np.int32(tiles), np.float32(LOG2E / np.sqrt(D)), np.int32(offset), staged],
-         cfg.layout.total)
+    out, lse = _emulated_forward(cfg, q, k, v, offset)
     _close(out, want_out, "out", precision)
     np.testing.assert_allclose(lse, want_lse, rtol=TOLERANCE[precision], atol=0, err_msg="lse")
