@@ -793,9 +793,11 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         return self.d_split == 2 and self.ring and self.parts == 2
 
     # The producer warpgroup making dO^T and Q^T in the ring from staged Q and dO (half the
-    # staged bytes; kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::ROWS_STAGED): built and
-    # checked whole on the CPU (tests/test_emulated_kernels.py: the same bits as the staged
-    # transposes), run on no GPU yet, so not planned until timed there.
+    # staged bytes; kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::ROWS_STAGED): the same
+    # bits as the staged transposes (tests/test_emulated_kernels.py on the CPU,
+    # test_backward_gpu on the H200), but the "fp32" D=256 backward took 1.9-2.1x as long
+    # with it (its three transposer warps cannot keep up: BENCHMARKS.md, twenty-seventh
+    # session), so not planned.
     PRODUCER_MAKES_TRANSPOSED: ClassVar[bool] = False
 
     @property
@@ -964,8 +966,8 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
         return self.d_split == 2 and not self._two_stages_fit(self._kept_tiles().end)
 
     # The producer warpgroup making K^T from staged K (a third fewer staged bytes;
-    # BwdDqWgmmaLayout::ROWS_STAGED): as dK/dV's, checked on the CPU, not planned until
-    # timed on a GPU.
+    # BwdDqWgmmaLayout::ROWS_STAGED): as dK/dV's, the same bits, and slower ("fp32" D=192
+    # backward, where only dQ takes it: +23% causal, +31% not), so not planned.
     PRODUCER_MAKES_TRANSPOSED: ClassVar[bool] = False
 
     @property

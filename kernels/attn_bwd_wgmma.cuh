@@ -11,7 +11,7 @@
 // A operand that P^T, dS^T or dS becomes (slots permuted within 8, wgmma_tiles.cuh),
 // except where a producer warpgroup (PRODUCER: "fp32" at the widest head dims) makes
 // the transposed tiles in shared memory from the row tiles it copies (ROWS_STAGED: a
-// third to half fewer bytes staged, copied and read from L2; not planned yet).
+// third to half fewer bytes staged, copied and read from L2; measured slower, not planned).
 //
 // attn_bwd_dkdv_wgmma: a block owns BLOCK_N keys of one key/value head, 64 per
 //   warpgroup, or 64 per pair of warpgroups that each keep half of dK's and dV's
@@ -112,7 +112,8 @@ struct BwdDkdvWgmmaLayout {
     // delta) and Q into the ring, its other three make dO^T and Q^T there from them
     // (transpose_row_tile), so that half the bytes are staged, copied and read from L2
     // (scripts/copy_probe.py: halving the copies' bytes took 4-6% off the causal "fp32"
-    // D=256 backward, twenty-fourth session). Not planned until timed on a GPU
+    // D=256 backward, twenty-fourth session). Measured 1.9-2.1x as long on the H200: the
+    // three transposer warps do not keep up (Q^T waits for the swap), so not planned
     // (plan.BwdDkdvWgmmaConfig.rows_staged).
     static_assert(!ROWS_ONLY || PRODUCER, "the producer warpgroup makes the transposed tiles");
     static constexpr bool ROWS_STAGED = ROWS_ONLY;
@@ -178,8 +179,8 @@ struct BwdDqWgmmaLayout {
     static_assert(!PRODUCER || SPLIT_STAGE, "a producer warpgroup for one stage's two parts");
     // ROWS_ONLY: the staged key tiles hold [K | V] only (stage_keys_tf32<..., true, false>):
     // the producer's first warp copies them, its other three make K^T in the stage from K
-    // (transpose_row_tile): a third fewer bytes staged, copied and read from L2. Not
-    // planned until timed on a GPU (plan.BwdDqWgmmaConfig.rows_staged).
+    // (transpose_row_tile): a third fewer bytes staged, copied and read from L2. Measured
+    // slower ("fp32" D=192 backward +23..31%), so not planned (plan.BwdDqWgmmaConfig.rows_staged).
     static_assert(!ROWS_ONLY || PRODUCER, "the producer warpgroup makes the transposed tile");
     static constexpr bool ROWS_STAGED = ROWS_ONLY;
     static constexpr int STAGED_BYTES = ROWS_STAGED ? KV_PART_BYTES : STAGE_BYTES;  // global, a tile

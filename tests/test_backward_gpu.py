@@ -135,7 +135,7 @@ def test_float32_backward_on_tensor_cores_is_bitwise_reproducible(precision, mma
 def test_fp32_backward_whose_producer_makes_the_transposed_tiles_has_the_planned_bits(
         D, causal, mma_backward_tiles_taken_away, monkeypatch):
     """The "fp32" wgmma kernels whose producer warpgroups make dO^T and Q^T (dK/dV at 256)
-    and K^T (dQ from 184) from staged row tiles (rows_staged: not planned until timed;
+    and K^T (dQ from 184) from staged row tiles (rows_staged: measured slower, not planned;
     tests/test_emulated_kernels.py runs them on the CPU) give the planned kernels'
     gradients bit for bit (the same products of the same words in the same order), on a
     GQA group with partial last tiles, Sq != Sk."""

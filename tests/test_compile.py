@@ -213,7 +213,7 @@ def _registers_after(sass_text: str, marker: str) -> int:
                                                ("BwdDqWgmmaConfig", 256, (64, 16, 8))])
 def test_producers_that_make_the_transposed_tiles_fit_their_registers(monkeypatch, cls, head_dim, tile, causal):
     """The "fp32" kernels whose producer warpgroup makes the transposed tiles (rows_staged,
-    not planned yet): no spills, and the producer's code after it gives its registers to
+    measured slower, not planned): no spills, and the producer's code after it gives its registers to
     the consumers (setmaxnreg 40) names none past R39."""
     from cupyattn import plan as P
 

@@ -128,7 +128,7 @@ def _check(precision, grads, q, k, v, dout, out, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp32_backward_whose_producer_makes_the_transposed_tiles_runs_whole_on_the_emulator(causal, monkeypatch):
     """The "fp32" D=256 dK/dV and dQ kernels whose producer warpgroups make dO^T, Q^T and
-    K^T from the staged row tiles (rows_staged, not planned until timed on a GPU), every
+    K^T from the staged row tiles (rows_staged: measured slower, not planned), every
     thread of every block run (two key blocks of dK/dV, the second partial; 6 key tiles
     of dQ; GQA, 2 query heads a key/value head; partial last tiles, Sq != Sk): no
     deadlock, no race, no shared word read before it is written, the float64

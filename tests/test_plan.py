@@ -516,7 +516,7 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert "ring" in dkdv.layout["q_tiles"].note and dkdv.layout.total == 2 * 64 * 256 * 4 + 3 * 32896 + 48
     assert dkdv.producer_warp and dkdv.threads == 384 and dkdv.layout_expression.endswith(", true>")  # 6 mbarriers
     # Its staged query tiles hold Q, dO, their transposes, lse and delta, as the ring does
-    # (rows_staged, where the producer makes the transposes, is not planned yet).
+    # (rows_staged, where the producer makes the transposes, measured slower: not planned).
     assert not dkdv.rows_staged and dkdv.staging == StagingConfig("dkdv queries", "fp32", 256, 16)
     assert dkdv.staging.tile_bytes == dkdv.stage_bytes == 4 * 2 * 16 * 256 * 4 + 2 * 16 * 4 == 131200
     assert not plans("fp32", 192)[0].ring and not plans("tf32", 192)[0].ring
@@ -701,7 +701,7 @@ def test_3xtf32_forward_keeps_q_as_one_float32_copy_from_head_dim_128():
 
 def test_a_producer_that_makes_the_transposed_tiles_stages_the_row_tiles_alone(monkeypatch):
     """Where the producer warpgroup makes the transposed tiles (rows_staged: "fp32" D=256
-    dK/dV, dQ from 184; not planned until timed on a GPU, PRODUCER_MAKES_TRANSPOSED), the
+    dK/dV, dQ from 184; measured slower, so not planned: PRODUCER_MAKES_TRANSPOSED), the
     staging launch writes the row tiles alone (half the bytes for dK/dV, two thirds for
     dQ, and as much less global memory), while a stage in shared memory still holds the
     transposes; the kernel and its layout take the flag as their last parameter."""
