@@ -392,9 +392,13 @@ class WgmmaConfig:
     producer_warp = False
     PRODUCER_RULE: ClassVar[str] = ""
     # Where the producer warpgroup also makes the transposed tiles from staged row tiles
-    # (``staging``: the row tiles only): the backward passes say where (their rows_staged);
+    # (``staging``: the row tiles only; the backward passes, PRODUCER_MAKES_TRANSPOSED):
     # the kernel and its layout take it as their last template parameter (ROWS_ONLY).
-    rows_staged = False
+    PRODUCER_MAKES_TRANSPOSED: ClassVar[bool] = False
+
+    @property
+    def rows_staged(self) -> bool:
+        return self.producer_warp and self.PRODUCER_MAKES_TRANSPOSED
 
     @property
     def threads(self) -> int:
@@ -801,11 +805,6 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
     PRODUCER_MAKES_TRANSPOSED: ClassVar[bool] = False
 
     @property
-    def rows_staged(self) -> bool:
-        """The producer warpgroup makes dO^T and Q^T; ``staging`` stages Q and dO alone."""
-        return self.producer_warp and self.PRODUCER_MAKES_TRANSPOSED
-
-    @property
     def ring(self) -> bool:
         """Where not even one staged query tile fits beside K and V (e.g. 3xTF32 at head
         dim 256, "tf32" with 32-query tiles there): its four operand tiles stream through a
@@ -969,11 +968,6 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
     # BwdDqWgmmaLayout::ROWS_STAGED): as dK/dV's, the same bits, and slower ("fp32" D=192
     # backward, where only dQ takes it: +23% causal, +31% not), so not planned.
     PRODUCER_MAKES_TRANSPOSED: ClassVar[bool] = False
-
-    @property
-    def rows_staged(self) -> bool:
-        """The producer warpgroup makes K^T; ``staging`` stages K and V alone."""
-        return self.producer_warp and self.PRODUCER_MAKES_TRANSPOSED
 
     @property
     def valid(self) -> bool:
