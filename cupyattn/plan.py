@@ -437,6 +437,15 @@ class WgmmaConfig:
     def _parts_text(self) -> str:
         return "TF32 big and small parts (3xTF32)" if self.parts == 2 else "TF32"
 
+    @property
+    def _staged_parts_text(self) -> str:
+        """How the staged tiles hold their parts (``staging.parts_as_rows``: the row tiles'
+        small parts as rows 16-31, the B operands of n32 score products)."""
+        if getattr(self, "score_parts_as_rows", False):
+            return (f"{self._parts_text} in core-matrix order, the row tiles' small parts as their rows "
+                    f"16-31 (one n32 wgmma takes big x (big | small) in the score products)")
+        return f"{self._parts_text} in core-matrix order"
+
     def _tf32_tile(self, builder: LayoutBuilder, name: str, shape: tuple, what: str = "") -> LayoutBuilder:
         note = f"{self._parts_text}, in 8-row x 16-byte core matrices (wgmma operands, no swizzle)"
         return builder.add(name, (self.parts, *shape), "float32", f"{what}; {note}" if what else note)
@@ -488,8 +497,7 @@ class WgmmaConfig:
                f"the row tiles copied (cp.async.bulk) from {staging.kernel_name}'s, the transposed one made from "
                f"them by the producer warpgroup")
         builder = builder.add(name, (stages, *shape), "float32",
-                              f"{stages} stage{'s' if two else ''} of {what}; {self._parts_text} in core-matrix "
-                              f"order, {how}")
+                              f"{stages} stage{'s' if two else ''} of {what}; {self._staged_parts_text}, {how}")
         if stages == 1 and self.SPLIT_ONE_STAGE:
             if free_barriers:
                 return builder.add("barriers", (1, 4), "uint64", f"mbarriers: the stage's two parts "
@@ -515,7 +523,9 @@ class StagingConfig:
     "dq keys" (K, V, K^T) or "dkdv queries" (Q, dO, Q^T, dO^T, lse, delta); or the row
     tiles alone, "dq key rows" (K, V) and "dkdv query rows" (Q, dO, lse, delta), where
     the kernel's producer warpgroup makes the transposed ones in shared memory;
-    ``rows`` per tile."""
+    ``rows`` per tile. ``parts_as_rows`` (3xTF32, the backward's 16-row tiles whose row
+    tiles are the B operands of n32 score products: ``WgmmaConfig.score_parts_as_rows``):
+    each row tile's small part as rows 16-31 of one 32-row tile, after its big part."""
 
     HEADER: ClassVar[str] = "wgmma_staging.cuh"
     ARCH_SUFFIX: ClassVar[str] = "a"  # compiled beside the wgmma kernels it feeds
@@ -527,6 +537,7 @@ class StagingConfig:
     precision: str
     head_dim_pad: int
     rows: int
+    parts_as_rows: bool = False
 
     @property
     def parts(self) -> int:
@@ -562,11 +573,12 @@ class StagingConfig:
     @property
     def name_expression(self) -> str:
         op = MMA_OPS[self.precision]
-        rows_only = "" if self.transposed else ", false"
+        tail = (f", {str(self.transposed).lower()}, true" if self.parts_as_rows
+                else "" if self.transposed else ", false")  # TRANSPOSED, PARTS_AS_ROWS
         if self.queries:
-            return f"cupyattn::stage_queries_tf32<{op}, {self.head_dim_pad}, {self.rows}{rows_only}>"
+            return f"cupyattn::stage_queries_tf32<{op}, {self.head_dim_pad}, {self.rows}{tail}>"
         dq = "false" if self.operands == "forward keys" else "true"
-        return f"cupyattn::stage_keys_tf32<{op}, {self.head_dim_pad}, {self.rows}, {dq}{rows_only}>"
+        return f"cupyattn::stage_keys_tf32<{op}, {self.head_dim_pad}, {self.rows}, {dq}{tail}>"
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
@@ -768,7 +780,7 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
             return self._kept_tiles().add(
                 "q_tiles", (3, self.parts * m * d + 2 * m), "float32", "a ring of 3 slots of one operand tile each, "
                 f"through which a query tile's dO, Q, dO^T (with lse * log2(e) and delta per row) and Q^T pass in "
-                f"turn, each slot refilled once its tile is used; {self._parts_text} in core-matrix order, "
+                f"turn, each slot refilled once its tile is used; {self._staged_parts_text}, "
                 + (f"copied (cp.async.bulk) from {self.staging.kernel_name}'s tiles" if self.staging.transposed else
                    f"dO (with lse and delta) and Q copied (cp.async.bulk) from {self.staging.kernel_name}'s tiles, "
                    f"dO^T and Q^T made from them by the producer warpgroup")).add(
@@ -798,10 +810,11 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
 
     # The producer warpgroup making dO^T and Q^T in the ring from staged Q and dO (half the
     # staged bytes; kernels/attn_bwd_wgmma.cuh, BwdDkdvWgmmaLayout::ROWS_STAGED): the same
-    # bits as the staged transposes (tests/test_emulated_kernels.py on the CPU,
-    # test_backward_gpu on the H200), but the "fp32" D=256 backward took 1.9-2.1x as long
-    # with it (its three transposer warps cannot keep up: BENCHMARKS.md, twenty-seventh
-    # session), so not planned.
+    # bits as the staged transposes did (twenty-seventh session; since the planned score
+    # products take B's parts as rows, which these row tiles do not, float32 accuracy:
+    # tests/test_emulated_kernels.py on the CPU, test_backward_gpu on the H200), but the
+    # "fp32" D=256 backward took 1.9-2.1x as long with it (its three transposer warps
+    # cannot keep up: BENCHMARKS.md, twenty-seventh session), so not planned.
     PRODUCER_MAKES_TRANSPOSED: ClassVar[bool] = False
 
     @property
@@ -837,12 +850,23 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
     def staging(self) -> StagingConfig:
         """Where the producer warpgroup makes Q^T and dO^T (``rows_staged``), Q and dO (and
         lse, delta) only: half the bytes staged and copied."""
-        return self._stage_tile if not self.rows_staged else dataclasses.replace(self._stage_tile,
-                                                                                operands="dkdv query rows")
+        return self._stage_tile if not self.rows_staged else dataclasses.replace(
+            self._stage_tile, operands="dkdv query rows", parts_as_rows=False)
 
     @property
     def _stage_tile(self) -> StagingConfig:
-        return StagingConfig("dkdv queries", self.precision, self.head_dim_pad, self.block_m)
+        # 3xTF32 16-query tiles with K and V as words (BwdDkdvWgmmaLayout::SCORE_PARTS_AS_ROWS):
+        # Q's and dO's row tiles with their small parts as rows 16-31, so that the score
+        # products take big x (big | small) as one n32 wgmma (wgmma_tiles.cuh, words_by_rows).
+        parts_as_rows = self.parts == 2 and self.block_m == 16 and self.kv_in_registers
+        return StagingConfig("dkdv queries", self.precision, self.head_dim_pad, self.block_m,
+                             parts_as_rows=parts_as_rows)
+
+    @property
+    def score_parts_as_rows(self) -> bool:
+        """The staged row tiles hold their parts as rows (``_stage_tile``; not where the
+        producer warpgroup transposes them, ``rows_staged``)."""
+        return self.staging.parts_as_rows
 
     @property
     def accumulators_per_lane(self) -> int:  # dK, dV (head_dim / d_split each), S^T and dP^T (block_m each)
@@ -965,7 +989,7 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
         return self.d_split == 2 and not self._two_stages_fit(self._kept_tiles().end)
 
     # The producer warpgroup making K^T from staged K (a third fewer staged bytes;
-    # BwdDqWgmmaLayout::ROWS_STAGED): as dK/dV's, the same bits, and slower ("fp32" D=192
+    # BwdDqWgmmaLayout::ROWS_STAGED): as dK/dV's, as accurate, and slower ("fp32" D=192
     # backward, where only dQ takes it: +23% causal, +31% not), so not planned.
     PRODUCER_MAKES_TRANSPOSED: ClassVar[bool] = False
 
@@ -1003,12 +1027,20 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
     def staging(self) -> StagingConfig:
         """Where the producer warpgroup makes K^T (``rows_staged``), K and V only: a third
         fewer bytes staged and copied."""
-        return self._stage_tile if not self.rows_staged else dataclasses.replace(self._stage_tile,
-                                                                                operands="dq key rows")
+        return self._stage_tile if not self.rows_staged else dataclasses.replace(
+            self._stage_tile, operands="dq key rows", parts_as_rows=False)
 
     @property
     def _stage_tile(self) -> StagingConfig:
-        return StagingConfig("dq keys", self.precision, self.head_dim_pad, self.block_n)
+        # As dK/dV's (BwdDqWgmmaLayout::SCORE_PARTS_AS_ROWS): 16-key tiles with Q and dO as
+        # words take K's and V's row tiles with their parts as rows.
+        parts_as_rows = self.parts == 2 and self.block_n == 16 and self.q_in_registers
+        return StagingConfig("dq keys", self.precision, self.head_dim_pad, self.block_n, parts_as_rows=parts_as_rows)
+
+    @property
+    def score_parts_as_rows(self) -> bool:
+        """As dK/dV's: the staged row tiles hold their parts as rows."""
+        return self.staging.parts_as_rows
 
     @property
     def accumulators_per_lane(self) -> int:  # dQ (head_dim / d_split), S and dP (block_n each)
@@ -1108,7 +1140,8 @@ def check_expression(config) -> str | None:
     layout = getattr(config, "checked_layout_expression", config.layout_expression)
     staging = getattr(config, "staging", None)
     if staging is not None:
-        return f"cupyattn::check_staged_layout<{layout}, {staging.tile_bytes}, {lay.total}, {offsets}>"
+        parts_as_rows = str(staging.parts_as_rows).lower()
+        return f"cupyattn::check_staged_layout<{layout}, {staging.tile_bytes}, {parts_as_rows}, {lay.total}, {offsets}>"
     return f"cupyattn::check_layout<{layout}, {lay.total}, {offsets}>"
 
 

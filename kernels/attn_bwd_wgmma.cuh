@@ -35,7 +35,9 @@
 //   to dq (zeroed first) with float32 atomics, in whatever order blocks get there.
 // 3xTF32 follows the forward's accuracy rule (each k-step of S, dP in a fresh
 // accumulator; at most 4 k-steps per fresh accumulator of dK, dV, dQ before a rounded
-// add); one TF32 pass accumulates on the tensor cores. Invisible entries (causal, past
+// add; 16-wide score products from head dim 136 two k-steps of big·big and big·small
+// a fresh accumulator, one n32 wgmma a k-step: words_by_rows' PARTS_AS_ROWS); one TF32
+// pass accumulates on the tensor cores. Invisible entries (causal, past
 // either sequence end) are selected to zero, never multiplied by zero.
 //
 // Needs: head_dim == head_dim_v, head_dim % 8 == 0, 16-byte aligned rows.
@@ -118,6 +120,10 @@ struct BwdDkdvWgmmaLayout {
     static_assert(!ROWS_ONLY || PRODUCER, "the producer warpgroup makes the transposed tiles");
     static constexpr bool ROWS_STAGED = ROWS_ONLY;
     static constexpr int STAGED_BYTES = ROWS_STAGED ? 2 * TILE_M + ROWWISE_BYTES : STAGE_BYTES;  // global, a tile
+    // 3xTF32 16-query tiles with K and V as words: Q's and dO's row tiles staged with their
+    // parts as rows (stage_queries_tf32<..., true>), the B operands of words_by_rows'
+    // PARTS_AS_ROWS score products (n32 where n16 ran).
+    static constexpr bool SCORE_PARTS_AS_ROWS = PARTS == 2 && BLOCK_M == 16 && KV_IN_REGISTERS && !ROWS_STAGED;
     static constexpr int BARRIER_COUNT = RING ? (PRODUCER ? 2 : 1) * RING_SLOTS : SPLIT_STAGE ? 2 : STAGES;
     static constexpr int k_tile = 0;
     static constexpr int v_tile = k_tile + TILE_KV;
@@ -137,7 +143,7 @@ struct BwdFusedWgmmaLayout {
     static constexpr bool KV_IN_REGISTERS = false;  // K's core-matrix tile is transposed into K^T
     static constexpr int STAGE_BYTES = Dkdv::STAGE_BYTES;
     static constexpr bool RING = false;  // (no tile that needs it fits beside K^T)
-    static constexpr bool HAS_PRODUCER = false, ROWS_STAGED = false;
+    static constexpr bool HAS_PRODUCER = false, ROWS_STAGED = false, SCORE_PARTS_AS_ROWS = false;
     static constexpr int STAGED_BYTES = STAGE_BYTES;
     static constexpr int ROWWISE_BYTES = Dkdv::ROWWISE_BYTES, RING_SLOTS = Dkdv::RING_SLOTS,
                          RING_SLOT = Dkdv::RING_SLOT;
@@ -184,6 +190,9 @@ struct BwdDqWgmmaLayout {
     static_assert(!ROWS_ONLY || PRODUCER, "the producer warpgroup makes the transposed tile");
     static constexpr bool ROWS_STAGED = ROWS_ONLY;
     static constexpr int STAGED_BYTES = ROWS_STAGED ? KV_PART_BYTES : STAGE_BYTES;  // global, a tile
+    // 3xTF32 16-key tiles with Q and dO as words: K's and V's row tiles staged with their
+    // parts as rows (stage_keys_tf32<..., true, true, true>), as dK/dV's query tiles.
+    static constexpr bool SCORE_PARTS_AS_ROWS = PARTS == 2 && BLOCK_N == 16 && Q_IN_REGISTERS && !ROWS_STAGED;
     static constexpr int BARRIER_COUNT = SPLIT_STAGE ? (PRODUCER ? 4 : 2) : STAGES;
     static constexpr int q_tile = 0;
     static constexpr int do_tile = q_tile + TILE_M;
@@ -618,7 +627,8 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             } else {
                 mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
             }
-            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH>(
+            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH,
+                                L::SCORE_PARTS_AS_ROWS>(
                 own, product, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             // clock phase: score product
             swap_pair_products<M_BLOCKS, PRODUCER ? THREADS : 0, L::ROWS_STAGED ? THREADS + TRANSPOSERS * 32 : 0>(
@@ -641,10 +651,12 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             }
         } else if constexpr (L::RING) {
             ring_wait(item, 0);
-            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH>(
+            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH,
+                                L::SCORE_PARTS_AS_ROWS>(
                 sdp[1], 1, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             ring_wait(item, 1);
-            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH>(
+            one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH,
+                                L::SCORE_PARTS_AS_ROWS>(
                 sdp[0], 0, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
             __syncthreads();  // every warpgroup is done with dO and Q
             if (threadIdx.x == 0) {
@@ -656,8 +668,8 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         } else {
             mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
             if constexpr (L::KV_IN_REGISTERS)
-                words_by_rows<2, BLOCK_M, K_STEPS, BLOCK_M, SCORE_DEPTH>(sdp, {k_words, v_words}, {q_addr, do_addr},
-                                                                        Q_PART * 4);
+                words_by_rows<2, BLOCK_M, K_STEPS, BLOCK_M, L::SCORE_PARTS_AS_ROWS, SCORE_DEPTH>(
+                    sdp, {k_words, v_words}, {q_addr, do_addr}, Q_PART * 4);
             else
                 rows_by_rows<PASSES, 2, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, false, SCORE_DEPTH>(
                     sdp, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
@@ -1024,7 +1036,8 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 // these reads before the copies that refill the tiles.
                 const int product = wg % 2;  // 0: S, 1: dP
                 float own[N_BLOCKS][4];
-                one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N, SCORE_DEPTH>(
+                one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N, SCORE_DEPTH,
+                                    L::SCORE_PARTS_AS_ROWS>(
                     own, product, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
                 // clock phase: score product
                 float4* const swap[2] = {reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES),
@@ -1040,17 +1053,17 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 // 48, dP's wgmmas and adds gone (empty HGMMAs in their place) and S used as
                 // dP (dQ errors of 3-9, twenty-first session; test_compile checks the wgmma
                 // kernels' SASS for empty HGMMAs).
-                one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(
+                one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N, 2, L::SCORE_PARTS_AS_ROWS>(
                     sdp[0], 0, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
 #pragma unroll
                 for (int j = 0; j < N_BLOCKS; ++j)
 #pragma unroll
                     for (int e4 = 0; e4 < 4; ++e4) sdp[0][j][e4] = probability(sdp[0][j][e4], e4 / 2);
-                one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N>(
+                one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N, 2, L::SCORE_PARTS_AS_ROWS>(
                     sdp[1], 1, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
             } else if constexpr (L::Q_IN_REGISTERS)
-                words_by_rows<2, BLOCK_N, K_STEPS, BLOCK_N, SCORE_DEPTH>(sdp, {q_words, do_words}, {k_addr, v_addr},
-                                                                        KV_PART * 4);
+                words_by_rows<2, BLOCK_N, K_STEPS, BLOCK_N, L::SCORE_PARTS_AS_ROWS, SCORE_DEPTH>(
+                    sdp, {q_words, do_words}, {k_addr, v_addr}, KV_PART * 4);
             else
                 rows_by_rows<PASSES, 2, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N, false, SCORE_DEPTH>(
                     sdp, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);

@@ -60,6 +60,7 @@ struct FwdWgmmaLayout {
     static constexpr int K_BYTES = PARTS * BLOCK_N * D_PAD * 4;  // one operand of a staged key tile (K or V^T)
     static constexpr int TILE_BYTES = 2 * K_BYTES;
     static constexpr int STAGED_BYTES = TILE_BYTES;  // global, a tile (stage_keys_tf32)
+    static constexpr bool SCORE_PARTS_AS_ROWS = false;  // (the backward's: wgmma_staging.cuh, PARTS_AS_ROWS)
     static constexpr int STAGES = stages_that_fit(Q_BYTES, TILE_BYTES, 2);  // barriers: K, V^T
     static constexpr int q_tile = 0;
     static constexpr int kv_tiles = Q_BYTES;

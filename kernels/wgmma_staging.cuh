@@ -7,14 +7,18 @@
 // (slots permuted within 8 for a register A operand: wgmma_tiles.cuh), TF32
 // parts PART words apart, zeros past the sequence and the head dim.
 //
-//   stage_keys_tf32<Op, D_PAD, BLOCK_N, DQ, TRANSPOSED>: per (batch, kv head, key tile),
-//     tiles of a head consecutive: the forward's [K | V^T], dQ's (DQ) [K | V | K^T], or
-//     [K | V] where the dQ kernel's producer warpgroup makes K^T itself (!TRANSPOSED).
-//   stage_queries_tf32<Op, D_PAD, BLOCK_M, TRANSPOSED>: per (batch, query head, query
+//   stage_keys_tf32<Op, D_PAD, BLOCK_N, DQ, TRANSPOSED, PARTS_AS_ROWS>: per (batch, kv head,
+//     key tile), tiles of a head consecutive: the forward's [K | V^T], dQ's (DQ) [K | V |
+//     K^T], or [K | V] where the dQ kernel's producer warpgroup makes K^T itself (!TRANSPOSED).
+//   stage_queries_tf32<Op, D_PAD, BLOCK_M, TRANSPOSED, PARTS_AS_ROWS>: per (batch, query head, query
 //     tile), dK/dV's [Q | dO | Q^T | dO^T | lse * log2(e) | delta] (BLOCK_M floats each, 0
 //     past the end), or [Q | dO | lse * log2(e) | delta] where the dK/dV kernel's producer
 //     warpgroup makes Q^T and dO^T itself (!TRANSPOSED: half the bytes staged and copied);
 //     delta = rowsum(dO * O) computed here and written to delta too (the dQ pass reads it).
+// PARTS_AS_ROWS (3xTF32, the backward's 16-row tiles whose row tiles are the B operands of
+// words_by_rows' score products): each row tile's big part as its first R rows and its
+// small part as the next R of one 2R-row core-matrix tile, so that one wgmma reads both
+// parts as one B operand twice as wide (the same bytes; transposed tiles as before).
 #pragma once
 
 #include "attn_bwd_simt.cuh"  // LOG2E
@@ -34,10 +38,13 @@ __host__ __device__ constexpr int stages_that_fit(int resident_bytes, int stage_
 // check_layout for a kernel fed by staged tiles, which also pins the bytes of one staged
 // tile in global memory (plan.StagingConfig.tile_bytes: what the planner allocates and
 // the staging launch writes) to those the kernel steps by (Layout::STAGED_BYTES).
-template <class Layout, int STAGED_BYTES, int TOTAL, int... OFFSETS>
+// The staged row tiles' parts as rows or apart (PARTS_AS_ROWS) are pinned the same way.
+template <class Layout, int STAGED_BYTES, bool PARTS_AS_ROWS, int TOTAL, int... OFFSETS>
 __global__ void check_staged_layout() {
     static_assert(LayoutAgrees<Layout, TOTAL, OFFSETS...>::value, "");
     static_assert(Layout::STAGED_BYTES == STAGED_BYTES, "planner and kernel disagree on the bytes of a staged tile");
+    static_assert(Layout::SCORE_PARTS_AS_ROWS == PARTS_AS_ROWS,
+                  "planner and kernel disagree on where a staged row tile's small part is");
 }
 
 constexpr int STAGING_THREADS = 128;
@@ -49,13 +56,16 @@ constexpr int STAGING_PIECE = 16;  // rows per transposed piece: the transposed 
 // 16 rows at a time: each piece lands in shared memory with coalesced 16-byte cp.async
 // (the next one in flight while this one is written out), and both tiles are written
 // from it as 16-byte words, consecutive threads at consecutive words. The operand is
-// read from global memory once whichever tiles it gives.
-template <int PASSES, int R, int D_PAD, bool ROWS, bool TRANSPOSED>
+// read from global memory once whichever tiles it gives. PARTS_AS_ROWS: the row tile's
+// small part as rows R..2R-1 of one 2R-row tile (its first R rows the big part).
+template <int PASSES, int R, int D_PAD, bool ROWS, bool TRANSPOSED, bool PARTS_AS_ROWS = false>
 __device__ __forceinline__ void stage_operand(float* rows_out, float* transposed_out, int part, const float* src,
                                               long long stride, int valid_rows, int valid_cols,
                                               float (&raw)[2][STAGING_PIECE * (D_PAD + 4)]) {
     constexpr int P = STAGING_PIECE, RAW_STRIDE = D_PAD + 4, PIECES = R / P, THREADS = STAGING_THREADS;
     static_assert(R % P == 0 && D_PAD % 16 == 0, "tiles of 16-row pieces");
+    static_assert(!PARTS_AS_ROWS || PASSES == 3, "two parts");
+    constexpr int ROW_TILE_ROWS = PARTS_AS_ROWS ? 2 * R : R;
     auto load = [&](int piece) {
         cp_async_tile<float, P, D_PAD, RAW_STRIDE, THREADS>(raw[piece % 2], src + piece * P * stride, stride,
                                                             valid_rows - piece * P, valid_cols);
@@ -74,12 +84,13 @@ __device__ __forceinline__ void stage_operand(float* rows_out, float* transposed
         const float* x = raw[piece % 2];
         if constexpr (ROWS) {
             // Row r, columns c..c+3 at core_offset<R>(r, c): a 4-column chunk's 16 rows are
-            // 16 consecutive words.
+            // 16 consecutive words (PARTS_AS_ROWS: core_offset<2R>, small R rows on).
+            float* const small_out = rows_out + (PARTS_AS_ROWS ? (R / 8) * 32 : part);
 #pragma unroll 1
             for (int n = threadIdx.x; n < P * D_PAD / 4; n += THREADS) {
                 const int j = n % P, c = n / P * 4;
                 const float4 v = *reinterpret_cast<const float4*>(x + j * RAW_STRIDE + c);
-                store_parts<PASSES>(rows_out, rows_out + part, core_offset<R>(piece * P + j, c), v);
+                store_parts<PASSES>(rows_out, small_out, core_offset<ROW_TILE_ROWS>(piece * P + j, c), v);
             }
         }
         if constexpr (TRANSPOSED) {
@@ -97,7 +108,7 @@ __device__ __forceinline__ void stage_operand(float* rows_out, float* transposed
     }
 }
 
-template <typename Op, int D_PAD, int BLOCK_N, bool DQ, bool TRANSPOSED = true>
+template <typename Op, int D_PAD, int BLOCK_N, bool DQ, bool TRANSPOSED = true, bool PARTS_AS_ROWS = false>
 __global__ void __launch_bounds__(STAGING_THREADS)
 stage_keys_tf32(const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ staged,
                 long long k_sb, long long k_ss, long long k_sh, long long v_sb, long long v_ss, long long v_sh,
@@ -106,6 +117,7 @@ stage_keys_tf32(const float* __restrict__ k, const float* __restrict__ v, float*
     constexpr int PART = BLOCK_N * D_PAD;  // words per TF32 part
     constexpr int TILES = DQ && TRANSPOSED ? 3 : 2;
     static_assert(DQ || TRANSPOSED, "the forward's V^T is staged");
+    static_assert(DQ || !PARTS_AS_ROWS, "the forward's K tile: parts apart");
     __shared__ __align__(16) float raw[2][STAGING_PIECE * (D_PAD + 4)];
     const int tile = blockIdx.x % n_tiles, bh = blockIdx.x / n_tiles;
     const int b = bh / n_heads_kv, h = bh % n_heads_kv, n0 = tile * BLOCK_N;
@@ -114,10 +126,10 @@ stage_keys_tf32(const float* __restrict__ k, const float* __restrict__ v, float*
     v += b * v_sb + h * v_sh + n0 * v_ss;
     const int rows = seqlen_k - n0;
     if constexpr (DQ) {  // [K | V | K^T], or [K | V]
-        stage_operand<PASSES, BLOCK_N, D_PAD, true, TRANSPOSED>(out, out + 2 * PARTS * PART, PART, k, k_ss, rows,
-                                                                head_dim, raw);
-        stage_operand<PASSES, BLOCK_N, D_PAD, true, false>(out + PARTS * PART, nullptr, PART, v, v_ss, rows, head_dim,
-                                                           raw);
+        stage_operand<PASSES, BLOCK_N, D_PAD, true, TRANSPOSED, PARTS_AS_ROWS>(out, out + 2 * PARTS * PART, PART, k,
+                                                                               k_ss, rows, head_dim, raw);
+        stage_operand<PASSES, BLOCK_N, D_PAD, true, false, PARTS_AS_ROWS>(out + PARTS * PART, nullptr, PART, v, v_ss,
+                                                                          rows, head_dim, raw);
     } else {  // [K | V^T]
         stage_operand<PASSES, BLOCK_N, D_PAD, true, false>(out, nullptr, PART, k, k_ss, rows, head_dim, raw);
         stage_operand<PASSES, BLOCK_N, D_PAD, false, true>(nullptr, out + PARTS * PART, PART, v, v_ss, rows, head_dim,
@@ -125,7 +137,7 @@ stage_keys_tf32(const float* __restrict__ k, const float* __restrict__ v, float*
     }
 }
 
-template <typename Op, int D_PAD, int BLOCK_M, bool TRANSPOSED = true>
+template <typename Op, int D_PAD, int BLOCK_M, bool TRANSPOSED = true, bool PARTS_AS_ROWS = false>
 __global__ void __launch_bounds__(STAGING_THREADS)
 stage_queries_tf32(const float* __restrict__ q, const float* __restrict__ dout, const float* __restrict__ o,
                    const float* __restrict__ lse, float* __restrict__ delta, float* __restrict__ staged,
@@ -145,10 +157,10 @@ stage_queries_tf32(const float* __restrict__ q, const float* __restrict__ dout, 
     dout += b * do_sb + h * do_sh + m0 * do_ss;
     o += b * o_sb + h * o_sh + m0 * o_ss;
     const int rows = seqlen_q - m0;
-    stage_operand<PASSES, BLOCK_M, D_PAD, true, TRANSPOSED>(out, out + 2 * PARTS * PART, PART, q, q_ss, rows,
-                                                            head_dim, raw);
-    stage_operand<PASSES, BLOCK_M, D_PAD, true, TRANSPOSED>(out + PARTS * PART, out + 3 * PARTS * PART, PART, dout,
-                                                            do_ss, rows, head_dim, raw);
+    stage_operand<PASSES, BLOCK_M, D_PAD, true, TRANSPOSED, PARTS_AS_ROWS>(out, out + 2 * PARTS * PART, PART, q, q_ss,
+                                                                           rows, head_dim, raw);
+    stage_operand<PASSES, BLOCK_M, D_PAD, true, TRANSPOSED, PARTS_AS_ROWS>(out + PARTS * PART, out + 3 * PARTS * PART,
+                                                                           PART, dout, do_ss, rows, head_dim, raw);
     float* rowwise = out + TILES * PARTS * PART;
     const long long at = (long long)bh * seqlen_q + m0;
     for (int i = threadIdx.x; i < BLOCK_M; i += STAGING_THREADS) rowwise[i] = i < rows ? lse[at + i] * LOG2E : 0.0f;

@@ -19,6 +19,7 @@
 //   kept_tile_global   either of those two for a tile a block keeps (words or parts)
 //   rows_by_rows       d = A B^T, A 64 rows and B N rows of such tiles, in shared memory
 //   words_by_rows      the same (3xTF32), A from a_words_global's words through registers
+//                      (B's parts as rows, PARTS_AS_ROWS: 16-wide products as n32 wgmmas)
 //   one_of_two_products, swap_pair_products
 //                      a d_split pair's share of two such products, and their swap
 //   regs_by_transposed acc += A B, A in registers (from accumulators), B a transposed tile
@@ -311,27 +312,70 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 // products in the same order and is added in k order: the same bits for any GROUP. 4
 // deep (the "fp32" D=256 score products, n16), two at a time: "fp32" D=256 backward
 // -2..-3% (twenty-second session).
-template <int NP, int N, int K_STEPS, int B_ROWS, int DEPTH = 2, int GROUP = (DEPTH == 4 ? 2 : 1)>
+//
+// PARTS_AS_ROWS: each B tile holds its parts as rows, B_ROWS big then B_ROWS small
+// (stage_operand's PARTS_AS_ROWS: one 2 B_ROWS-row core-matrix tile). Where 16 columns
+// wide, two k-steps a group, 4 deep (WIDE: the "fp32" backward's score products, e.g.
+// at D=256), a k-step's big·big and big·small products are one n32 wgmma (A big, B big
+// | small) into its group's fresh accumulator, and its small·big one n16 wgmma: four
+// wgmmas a group where six n16 ran, n32 at the full rate where n16 runs at 60% of it
+// (scripts/wgmma_rate.py). A group's left (big·big) and right (big·small) 16 columns
+// are added to d with rounded adds, as many a group as before; its big·big chain of two
+// products truncates as often as one k-step's chain of three did, so the sums are as
+// accurate (scripts/tf32_error_model.py --wide). The small·big products (2^-11 of the
+// big ones) chain in one n16 accumulator over all k-steps, added to d last. Not the
+// same bits as without it. "fp32" backward at D=256: -5.1% not causal, -5.5% causal
+// (twenty-eighth session). Elsewhere the same algorithm, its descriptors stepping over
+// the parts.
+template <int NP, int N, int K_STEPS, int B_ROWS, bool PARTS_AS_ROWS = false, int DEPTH = 2,
+          int GROUP = (DEPTH == 4 ? 2 : 1)>
 __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const float4* const (&a_words)[NP],
                                               const unsigned (&b_addr)[NP], unsigned b_part) {
     using Wg = WgmmaTf32<N>;
-    constexpr unsigned B_STEP = 2 * (B_ROWS / 8) * 128;  // bytes per k-step
-    constexpr int IN_FLIGHT = DEPTH / GROUP;               // commit groups
+    constexpr int B_TILE_ROWS = PARTS_AS_ROWS ? 2 * B_ROWS : B_ROWS;  // rows of a B tile's core matrices
+    constexpr unsigned B_STEP = 2 * (B_TILE_ROWS / 8) * 128;          // bytes per k-step
+    // Where B's small part starts: B_ROWS rows on, or b_part bytes on.
+    const unsigned b_small_at = PARTS_AS_ROWS ? (B_ROWS / 8) * 128 : b_part;
+    constexpr int IN_FLIGHT = DEPTH / GROUP;  // commit groups
+    constexpr bool WIDE = PARTS_AS_ROWS && N == 16 && GROUP == 2;
     static_assert(DEPTH >= 2 && DEPTH <= 4 && DEPTH % GROUP == 0 && K_STEPS % GROUP == 0 && IN_FLIGHT >= 2,
                   "k-steps in flight");
 #pragma unroll
     for (int p = 0; p < NP; ++p) zero_acc(d[p]);
-    float step[DEPTH][NP][N / 8][4];
+    float step[WIDE ? 1 : DEPTH][NP][N / 8][4];
+    float wide[WIDE ? IN_FLIGHT : 1][NP][4][4];  // WIDE: a group's big·big | big·small
+    float small_big[NP][2][4];                   // WIDE: every k-step's small·big
+#pragma unroll
+    for (int p = 0; p < NP; ++p) zero_acc(small_big[p]);
     Tf32Words<3, 4> a[DEPTH][NP];  // a k-step's A words stay until its products land
     float4 words[GROUP][NP];       // the next group's
     const unsigned top19 = biased_split_mask();
+    // WIDE: B's address anew at each call (an asm ptxas cannot hoist), so that its
+    // descriptors, loop-invariant where one stage is reused (dQ's), are not hoisted out
+    // of the caller's loop into registers and spilled (192 bytes, dQ at D=256).
+    unsigned b_base[NP];
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+        b_base[p] = b_addr[p];
+        if constexpr (WIDE) asm volatile("mov.b32 %0, %0;\n" : "+r"(b_base[p]));
+    }
     auto add_step = [&](int done) {  // k-step `done`'s products, landed, into d
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
-            fence_operand(step[done % DEPTH][p]);
             fence_operand(a[done % DEPTH][p].big);  // its A words, read by now
             fence_operand(a[done % DEPTH][p].small);
-            add_acc(d[p], step[done % DEPTH][p]);
+            if constexpr (WIDE) {
+                if (done % 2 == 0) continue;  // a group's sums are added once, after its last k-step
+                float (&sums)[4][4] = wide[done / 2 % IN_FLIGHT][p];
+                fence_operand(sums);
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) d[p][j][e] += sums[j][e] + sums[j + 2][e];
+            } else {
+                fence_operand(step[done % DEPTH][p]);
+                add_acc(d[p], step[done % DEPTH][p]);
+            }
         }
     };
 #pragma unroll
@@ -352,23 +396,43 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
                 if (ks0 + GROUP + g < K_STEPS) words[g][p] = a_words[p][(ks0 + GROUP + g) * 32];
             }
         wgmma_fence();
+        if constexpr (WIDE) {
+            // Per product: n32 big x (big | small) of each k-step into the group's fresh
+            // accumulator, each followed by its n16 small x big, so that no wgmma adds into
+            // the accumulator of the one just issued.
 #pragma unroll
-        for (int p = 0; p < NP; ++p)
-#pragma unroll
-            for (int pass = 0; pass < 3; ++pass)
+            for (int p = 0; p < NP; ++p)
 #pragma unroll
                 for (int g = 0; g < GROUP; ++g) {
                     const int ks = ks0 + g;
                     const Tf32Words<3, 4>& w = a[ks % DEPTH][p];
-                    const auto b_big = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP);
-                    const auto b_small = wgmma_desc<B_ROWS>(b_addr[p], ks * B_STEP + b_part);
-                    if (pass == 0)
-                        Wg::template rs<false>(step[ks % DEPTH][p], w.small, b_big);
-                    else if (pass == 1)
-                        Wg::template rs<true>(step[ks % DEPTH][p], w.big, b_small);
+                    const auto b_both = wgmma_desc<B_TILE_ROWS>(b_base[p], ks * B_STEP);  // big rows first
+                    float (&sums)[4][4] = wide[ks0 / GROUP % IN_FLIGHT][p];
+                    if (g == 0)
+                        WgmmaTf32<32>::template rs<false>(sums, w.big, b_both);
                     else
-                        Wg::template rs<true>(step[ks % DEPTH][p], w.big, b_big);
+                        WgmmaTf32<32>::template rs<true>(sums, w.big, b_both);
+                    WgmmaTf32<16>::template rs<true>(small_big[p], w.small, b_both);
                 }
+        } else {
+#pragma unroll
+            for (int p = 0; p < NP; ++p)
+#pragma unroll
+                for (int pass = 0; pass < 3; ++pass)
+#pragma unroll
+                    for (int g = 0; g < GROUP; ++g) {
+                        const int ks = ks0 + g;
+                        const Tf32Words<3, 4>& w = a[ks % DEPTH][p];
+                        const auto b_big = wgmma_desc<B_TILE_ROWS>(b_addr[p], ks * B_STEP);
+                        const auto b_small = wgmma_desc<B_TILE_ROWS>(b_addr[p], ks * B_STEP + b_small_at);
+                        if (pass == 0)
+                            Wg::template rs<false>(step[ks % DEPTH][p], w.small, b_big);
+                        else if (pass == 1)
+                            Wg::template rs<true>(step[ks % DEPTH][p], w.big, b_small);
+                        else
+                            Wg::template rs<true>(step[ks % DEPTH][p], w.big, b_big);
+                    }
+        }
         wgmma_commit();
         if (ks0 / GROUP >= IN_FLIGHT - 1) {
             wgmma_wait<IN_FLIGHT - 1>();
@@ -379,6 +443,13 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
     wgmma_wait<0>();
 #pragma unroll
     for (int done = K_STEPS > DEPTH - GROUP ? K_STEPS - (DEPTH - GROUP) : 0; done < K_STEPS; ++done) add_step(done);
+    if constexpr (WIDE) {
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+            fence_operand(small_big[p]);
+            add_acc(d[p], small_big[p]);
+        }
+    }
 }
 
 // x as an array of one (a product of NP = 1 out of an array of NP = 2).
@@ -390,13 +461,14 @@ __device__ __forceinline__ T (&just_one(T& x))[1] {
 // d = product `which` of two of the same shape, as words_by_rows (WORDS: A from kept
 // float32 words) or rows_by_rows (A from TF32 parts at a_addr) compute it among NP = 2:
 // a d_split pair's share, each warpgroup one product, in the same order.
-template <int PASSES, bool WORDS, int N, int K_STEPS, int A_ROWS, int B_ROWS, int DEPTH = 2>
+template <int PASSES, bool WORDS, int N, int K_STEPS, int A_ROWS, int B_ROWS, int DEPTH = 2, bool PARTS_AS_ROWS = false>
 __device__ __forceinline__ void one_of_two_products(float (&d)[N / 8][4], int which, const float4* const (&a_words)[2],
                                                     const unsigned (&a_addr)[2], unsigned a_part,
                                                     const unsigned (&b_addr)[2], unsigned b_part) {
+    static_assert(WORDS || !PARTS_AS_ROWS, "B's parts as rows: A from words (words_by_rows)");
     if constexpr (WORDS)
-        words_by_rows<1, N, K_STEPS, B_ROWS, DEPTH>(just_one(d), {which == 0 ? a_words[0] : a_words[1]},
-                                                    {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
+        words_by_rows<1, N, K_STEPS, B_ROWS, PARTS_AS_ROWS, DEPTH>(
+            just_one(d), {which == 0 ? a_words[0] : a_words[1]}, {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
     else
         rows_by_rows<PASSES, 1, N, K_STEPS, A_ROWS, B_ROWS, false, DEPTH>(
             just_one(d), {which == 0 ? a_addr[0] : a_addr[1]}, a_part, {which == 0 ? b_addr[0] : b_addr[1]}, b_part);

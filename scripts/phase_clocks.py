@@ -62,7 +62,11 @@ def instrument(source: str) -> str:
             continue
         pad, what = m.group(1), m.group(2)
         if what == "phases: begin":
-            out.append(f"{pad}unsigned clock_cycles[{MAX_PHASES}] = {{}};")
+            # The counts in shared memory, a row a warpgroup, each its lane 0's alone: in
+            # registers (all threads) they spilled the "fp32" D=256 dQ copy.
+            out.append(f"{pad}__shared__ unsigned clock_cycles[4][{MAX_PHASES}];")
+            out.append(f"{pad}if (threadIdx.x % 128 == 0)")
+            out.append(f"{pad}    for (int i = 0; i < {MAX_PHASES}; ++i) clock_cycles[threadIdx.x / 128][i] = 0;")
             out.append(f"{pad}unsigned clock_last = (unsigned)clock();")
             out.append(f"{pad}{_block_time(0, with_sm=True)}")
         elif what == "block: entry":
@@ -71,11 +75,12 @@ def instrument(source: str) -> str:
             out.append(f"{pad}{_block_time(1)}")
             out.append(f"{pad}if (threadIdx.x % 128 == 0 && threadIdx.x / 128 < 2)")
             out.append(f"{pad}    for (int i = 0; i < {MAX_PHASES}; ++i)")
-            out.append(f"{pad}        atomicAdd(&{GLOBAL}[threadIdx.x / 128][i], (unsigned long long)clock_cycles[i]);")
+            out.append(f"{pad}        atomicAdd(&{GLOBAL}[threadIdx.x / 128][i], "
+                       f"(unsigned long long)clock_cycles[threadIdx.x / 128][i]);")
         else:
             i = names.index(m.group(3))
-            out.append(f"{pad}{{ const unsigned clock_now = (unsigned)clock(); "
-                       f"clock_cycles[{i}] += clock_now - clock_last; clock_last = clock_now; }}")
+            out.append(f"{pad}if (threadIdx.x % 128 == 0) {{ const unsigned clock_now = (unsigned)clock(); "
+                       f"clock_cycles[threadIdx.x / 128][{i}] += clock_now - clock_last; clock_last = clock_now; }}")
     text = "\n".join(out) + "\n"
     # The array, once per module (every kernel's module includes the header once).
     anchor = "namespace cupyattn {"

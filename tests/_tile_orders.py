@@ -26,14 +26,15 @@ def tile_orders(rows, d_pad):
     return core_offset(rows, r, c), core_offset(d_pad, c, slot)
 
 
-def staged_tiles(tiles, precision, d_pad, rows, rowwise=()):
+def staged_tiles(tiles, precision, d_pad, rows, rowwise=(), parts_as_rows=False):
     """NumPy model of the staging kernels' output (kernels/wgmma_staging.cuh). ``tiles``:
     (array, transposed) pairs of (B, S, H, D) float32 arrays, in the order a staged tile
     holds them; per (batch, head, tile of ``rows``): each one's TF32 parts, the row tile
     in wgmma.cuh's core-matrix order, the transposed one as rows d and slots (within 8
     rows, row 2i at slot i and row 2i + 1 at slot i + 4; _tile_orders.tile_orders); then
     ``rowwise`` (B, H, S) arrays, ``rows`` values each; zeros past the sequence and the
-    head dim."""
+    head dim. ``parts_as_rows``: a row tile's parts as the rows of one 2 ``rows``-row tile,
+    the big part's first (StagingConfig.parts_as_rows)."""
     from cupyattn.reference import round_to
 
     B, S, H, D = tiles[0][0].shape
@@ -47,7 +48,11 @@ def staged_tiles(tiles, precision, d_pad, rows, rowwise=()):
         padded[:, :, :S, :D] = x.transpose(0, 2, 1, 3)
         big = round_to(padded, "tf32")
         for p, part in enumerate([big, padded - big][:parts]):
-            at = (i * parts + p) * rows * d_pad + (transposed_at if transposed else row_at)
+            if parts_as_rows and not transposed:  # rows p * rows.. of one 2 rows-row tile
+                r, c = np.meshgrid(np.arange(rows), np.arange(d_pad), indexing="ij")
+                at = i * parts * rows * d_pad + core_offset(2 * rows, r + p * rows, c)
+            else:
+                at = (i * parts + p) * rows * d_pad + (transposed_at if transposed else row_at)
             for t in range(n_tiles):
                 out[:, :, t][..., at] = part[:, :, t * rows:(t + 1) * rows]
     for i, x in enumerate(rowwise):

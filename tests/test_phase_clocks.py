@@ -19,10 +19,11 @@ def test_every_clock_mark_becomes_code_and_the_phases_are_the_marked_ones():
     assert names[:2] == ["loop", "top barrier and fetch"] and "score product" in names and "dQ" in names
     text = phase_clocks.instrument(source)
     assert "// clock phase" not in text
-    assert text.count("unsigned clock_cycles[") == source.count("// clock phases: begin") == 2  # dK/dV, dQ
+    assert text.count("__shared__ unsigned clock_cycles[") == source.count("// clock phases: begin") == 2  # dK/dV, dQ
     assert text.count(f"atomicAdd(&{phase_clocks.GLOBAL}") == 2
     marks = sum(line.strip().startswith("// clock phase: ") for line in source.splitlines())
-    assert text.count("clock_cycles[") - 2 * 2 == marks  # one add a mark (+ a declaration and an atomicAdd)
+    # one add a mark (+ a declaration, the zeroing and an atomicAdd a kernel)
+    assert text.count("clock_cycles[") - 2 * 3 == marks
     with pytest.raises(ValueError):
         phase_clocks.phase_names("".join(f"// clock phase: p{i}\n" for i in range(phase_clocks.MAX_PHASES + 1)))
 

@@ -517,7 +517,9 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert dkdv.producer_warp and dkdv.threads == 384 and dkdv.layout_expression.endswith(", true>")  # 6 mbarriers
     # Its staged query tiles hold Q, dO, their transposes, lse and delta, as the ring does
     # (rows_staged, where the producer makes the transposes, measured slower: not planned).
-    assert not dkdv.rows_staged and dkdv.staging == StagingConfig("dkdv queries", "fp32", 256, 16)
+    # Q's and dO's row tiles with their parts as rows: the B operands of n32 score products.
+    assert not dkdv.rows_staged and dkdv.staging == StagingConfig("dkdv queries", "fp32", 256, 16, True)
+    assert dkdv.score_parts_as_rows and dkdv.staging.name_expression.endswith("256, 16, true, true>")
     assert dkdv.staging.tile_bytes == dkdv.stage_bytes == 4 * 2 * 16 * 256 * 4 + 2 * 16 * 4 == 131200
     assert not plans("fp32", 192)[0].ring and not plans("tf32", 192)[0].ring
     # Where every other dK/dV tile spills, the d_split tile pads the head dim to 32:
@@ -531,6 +533,9 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert dq.layout["barriers"].shape == (1, 4) and "K, V | K^T" in dq.layout["barriers"].note
     assert dq.producer_warp and dq.threads == 384 and dq.layout_expression.endswith(", true>")
     assert not dq.rows_staged and dq.staging.tile_bytes == dq.stage_bytes == dq.layout["kv_tiles"].bytes
+    assert dq.score_parts_as_rows and dq.staging.name_expression.endswith("256, 16, true, true, true>")
+    # Not for one TF32 pass, nor 32-wide tiles, nor where the producer transposes the rows.
+    assert not plans("tf32", 256)[0].score_parts_as_rows and not plans("fp32", 128)[0].score_parts_as_rows
     assert not BwdDqWgmmaConfig("float32", "fp32", 112, 64, 16, 4, False).q_in_registers
     assert not BwdDqWgmmaConfig("float32", "tf32", 256, 64, 16, 4, False).q_in_registers
     # d_split dQ tiles: 64 rows shared by two warpgroups, whole 16-column halves of the head dim.

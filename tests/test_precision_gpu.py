@@ -119,16 +119,20 @@ def test_wgmma_forward_in_every_planned_tile(precision, D, causal, tile, monkeyp
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
 @pytest.mark.parametrize("operands", ["forward keys", "dq keys", "dkdv queries", "dq key rows", "dkdv query rows"])
 @pytest.mark.parametrize("D,rows", [(40, 16), (64, 64), (128, 32), (256, 16)])
-def test_staged_tiles_match_the_wgmma_kernels_shared_memory_layout(precision, operands, D, rows):
+@pytest.mark.parametrize("parts_as_rows", [False, True])
+def test_staged_tiles_match_the_wgmma_kernels_shared_memory_layout(precision, operands, D, rows, parts_as_rows):
     """The staging launches write every tile bit for bit as the wgmma kernel it feeds
     holds one stage, from strided views (two operands interleaved in one array), with a
     partial last tile and the head dim padded; the query tiles' delta = rowsum(dO * O)
-    (to delta and beside lse) bit for bit as attn_bwd_delta's launch computes it."""
+    (to delta and beside lse) bit for bit as attn_bwd_delta's launch computes it. With
+    ``parts_as_rows`` (3xTF32 dK/dV and dQ 16-row tiles) the row tiles' parts as rows."""
     import cupy
 
     from cupyattn import api
     from cupyattn.plan import BwdDeltaConfig, StagingConfig, mma_head_dim_pad
 
+    if parts_as_rows and (precision != "fp32" or rows != 16 or not operands.startswith(("dq keys", "dkdv queries"))):
+        pytest.skip("parts as rows: 3xTF32, the backward's 16-row tiles that the kernel transposes itself")
     spec = current_device()
     if spec.compute_capability != (9, 0):
         pytest.skip("compiled for sm_90a")
@@ -137,7 +141,7 @@ def test_staged_tiles_match_the_wgmma_kernels_shared_memory_layout(precision, op
     pair = rng.standard_normal((B, S, 2, H, D)).astype(np.float32)
     lse = rng.standard_normal((B, H, S)).astype(np.float32)
     a, b = pair[:, :, 0], pair[:, :, 1]
-    staging = StagingConfig(operands, precision, mma_head_dim_pad(D), rows)
+    staging = StagingConfig(operands, precision, mma_head_dim_pad(D), rows, parts_as_rows)
     on_gpu = cupy.asarray(pair)
     if staging.queries:
         o = cupy.asarray(rng.standard_normal((B, S, 2, H, D)).astype(np.float32))[:, :, 1]  # strided as dO
@@ -153,10 +157,12 @@ def test_staged_tiles_match_the_wgmma_kernels_shared_memory_layout(precision, op
         exact = np.einsum("bshd,bshd->bhs", b.astype(np.float64), o.get().astype(np.float64))
         np.testing.assert_allclose(delta, exact, rtol=1e-5, atol=1e-5)
         want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows,
-                            rowwise=(lse * np.float32(1.4426950408889634), delta))  # LOG2E
+                            rowwise=(lse * np.float32(1.4426950408889634), delta),  # LOG2E
+                            parts_as_rows=parts_as_rows)
     else:
         got = api.stage_tiles(staging, spec, on_gpu[:, :, 0], on_gpu[:, :, 1])
-        want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows)
+        want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows,
+                            parts_as_rows=parts_as_rows)
     got = got.get()
     assert got.size * 4 == staging.workspace_bytes(B, H, S)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

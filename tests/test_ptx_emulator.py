@@ -336,11 +336,13 @@ def test_zero_transposed_rows_zeroes_the_rows_from_its_index_and_keeps_the_rest(
     np.testing.assert_array_equal(out, want)
 
 
-@pytest.mark.parametrize("precision,operands,D,rows", [("fp32", "dkdv queries", 40, 16), ("tf32", "dkdv queries", 64, 32),
-                                                       ("fp32", "dq keys", 72, 16), ("fp32", "forward keys", 40, 16),
-                                                       ("tf32", "forward keys", 32, 64), ("fp32", "dkdv query rows", 72, 16),
-                                                       ("fp32", "dq key rows", 40, 16), ("tf32", "dq key rows", 56, 32)])
-def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(precision, operands, D, rows):
+@pytest.mark.parametrize("precision,operands,D,rows,parts_as_rows", [
+    ("fp32", "dkdv queries", 40, 16, False), ("tf32", "dkdv queries", 64, 32, False), ("fp32", "dq keys", 72, 16, False),
+    ("fp32", "forward keys", 40, 16, False), ("tf32", "forward keys", 32, 64, False),
+    ("fp32", "dkdv query rows", 72, 16, False), ("fp32", "dq key rows", 40, 16, False),
+    ("tf32", "dq key rows", 56, 32, False), ("fp32", "dkdv queries", 136, 16, True), ("fp32", "dq keys", 72, 16, True)])
+def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(precision, operands, D, rows,
+                                                                               parts_as_rows):
     """The staging kernels (the launch's grid, one block after another) from strided views
     of two operands interleaved in one array, a partial last tile, the head dim padded:
     every word as staged_tiles models it (TF32 parts split as the kernels do); the query
@@ -359,7 +361,7 @@ def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(p
     pair = rng.standard_normal((B, S, 2, H, D)).astype(np.float32)
     a, b = pair[:, :, 0], pair[:, :, 1]
     views = [(pair, 0), (pair, H * D * 4)]  # a and b: pointers into one array
-    staging = StagingConfig(operands, precision, mma_head_dim_pad(D), rows)
+    staging = StagingConfig(operands, precision, mma_head_dim_pad(D), rows, parts_as_rows)
     staged = np.full(staging.workspace_bytes(B, H, S) // 4, np.nan, dtype=np.float32)
     blocks = staging.tiles(S) * B * H
     sizes = (np.int32(H), np.int32(S), np.int32(D), np.int32(staging.tiles(S)))
@@ -377,10 +379,11 @@ def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(p
         exact = np.einsum("bshd,bshd->bhs", b.astype(np.float64), o.astype(np.float64))
         np.testing.assert_allclose(delta, exact, rtol=1e-5, atol=1e-5)
         want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows,
-                            rowwise=(lse * np.float32(1.4426950408889634), delta))  # LOG2E
+                            rowwise=(lse * np.float32(1.4426950408889634), delta), parts_as_rows=parts_as_rows)
     else:
         run(staging, blocks, [*views, staged, *api._elem_strides(a), *api._elem_strides(b), *sizes])
-        want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows)
+        want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows,
+                            parts_as_rows=parts_as_rows)
     np.testing.assert_array_equal(staged.view(np.uint32), want.view(np.uint32))
 
 

@@ -37,3 +37,23 @@ def test_truncated_chain_loses_float32_accuracy_and_per_k_step_adds_keep_it():
     # machine, 1.6-3.1x on another, seeds 0-3), the per-k-step adds 0.3-0.6x (seeds 0-3).
     assert per_k_step <= 2.0, per_k_step  # issue 6's limit
     assert chain > 3 * per_k_step, (chain, per_k_step)  # seeds 0-3: 4.2-5.3x
+
+
+def test_wide_score_pairs_are_as_accurate_as_one_k_step_a_fresh_accumulator():
+    """words_by_rows with B's parts as rows (two k-steps' big·big and big·small products a
+    fresh accumulator, small·big chained over all k-steps) against one k-step a fresh
+    accumulator, on the head dims that take it: the same error within a few percent,
+    and far from a chain of truncated adds."""
+    rng = np.random.default_rng(2)
+    for D in (136, 256):
+        a = testing.host_values((2, 64, D), "float32", rng)
+        b = testing.host_values((2, D, 256), "float32", rng)
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+
+        def rms(x):
+            return np.sqrt(((x.astype(np.float64) - ref) ** 2).mean())
+
+        per_k_step, wide, chain = (rms(model.product(a, b, per_k_step=True)), rms(model.wide_product(a, b)),
+                                   rms(model.product(a, b, per_k_step=False)))
+        assert wide <= 1.1 * per_k_step, (D, wide, per_k_step)  # seeds 0-3: 0.95-1.04x
+        assert chain > 5 * wide, (D, chain, wide)  # seeds 0-3: 9.9-17.7x
