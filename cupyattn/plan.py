@@ -395,10 +395,25 @@ class WgmmaConfig:
     # (``staging``: the row tiles only; the backward passes, PRODUCER_MAKES_TRANSPOSED):
     # the kernel and its layout take it as their last template parameter (ROWS_ONLY).
     PRODUCER_MAKES_TRANSPOSED: ClassVar[bool] = False
+    ROWS_OPERANDS: ClassVar[str] = ""  # StagingConfig.operands of those row tiles
 
     @property
     def rows_staged(self) -> bool:
         return self.producer_warp and self.PRODUCER_MAKES_TRANSPOSED
+
+    @property
+    def staging(self) -> StagingConfig:
+        """The staging launch: the whole staged tile (``_stage_tile``), or where the
+        producer warpgroup makes the transposed tiles (``rows_staged``), the row tiles only
+        (``ROWS_OPERANDS``), their parts apart: a third to half fewer bytes staged and copied."""
+        tile = self._stage_tile
+        return dataclasses.replace(tile, operands=self.ROWS_OPERANDS, parts_as_rows=False) if self.rows_staged else tile
+
+    @property
+    def score_parts_as_rows(self) -> bool:
+        """The staged row tiles hold their parts as rows (``StagingConfig.parts_as_rows``:
+        the score products take big x (big | small) as one n32 wgmma; Layout::SCORE_PARTS_AS_ROWS)."""
+        return self.staging.parts_as_rows
 
     @property
     def threads(self) -> int:
@@ -441,7 +456,7 @@ class WgmmaConfig:
     def _staged_parts_text(self) -> str:
         """How the staged tiles hold their parts (``staging.parts_as_rows``: the row tiles'
         small parts as rows 16-31, the B operands of n32 score products)."""
-        if getattr(self, "score_parts_as_rows", False):
+        if self.score_parts_as_rows:
             return (f"{self._parts_text} in core-matrix order, the row tiles' small parts as their rows "
                     f"16-31 (one n32 wgmma takes big x (big | small) in the score products)")
         return f"{self._parts_text} in core-matrix order"
@@ -476,8 +491,8 @@ class WgmmaConfig:
 
     @property
     def _stage_tile(self) -> StagingConfig:
-        """The staged tile as one stage holds it (``staging``, its transposed tiles included)."""
-        return self.staging
+        """The staged tile as one stage holds it, its transposed tiles included."""
+        raise NotImplementedError
 
     def _two_stages_fit(self, kept_bytes: int) -> bool:
         """Two stages of staged tiles (and their mbarriers) fit beside ``kept_bytes``."""
@@ -601,7 +616,7 @@ class FwdWgmmaConfig(WgmmaConfig, FwdMmaConfig):
         return self._valid_tile(owned=self.block_m, streamed=self.block_n)
 
     @property
-    def staging(self) -> StagingConfig:
+    def _stage_tile(self) -> StagingConfig:
         return StagingConfig("forward keys", self.precision, self.head_dim_pad, self.block_n)
 
     Q_IN_REGISTERS_FROM: ClassVar[int] = 128  # kernels/attn_fwd_wgmma.cuh, FwdWgmmaLayout::Q_IN_REGISTERS
@@ -846,12 +861,7 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         """The tiles a block keeps, before the staged query tiles."""
         return self._kept_pair(("k_tile", "v_tile"), self.block_n, self.kv_in_registers)
 
-    @property
-    def staging(self) -> StagingConfig:
-        """Where the producer warpgroup makes Q^T and dO^T (``rows_staged``), Q and dO (and
-        lse, delta) only: half the bytes staged and copied."""
-        return self._stage_tile if not self.rows_staged else dataclasses.replace(
-            self._stage_tile, operands="dkdv query rows", parts_as_rows=False)
+    ROWS_OPERANDS: ClassVar[str] = "dkdv query rows"  # (rows_staged: Q, dO, lse, delta; half the bytes)
 
     @property
     def _stage_tile(self) -> StagingConfig:
@@ -861,12 +871,6 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         parts_as_rows = self.parts == 2 and self.block_m == 16 and self.kv_in_registers
         return StagingConfig("dkdv queries", self.precision, self.head_dim_pad, self.block_m,
                              parts_as_rows=parts_as_rows)
-
-    @property
-    def score_parts_as_rows(self) -> bool:
-        """The staged row tiles hold their parts as rows (``_stage_tile``; not where the
-        producer warpgroup transposes them, ``rows_staged``)."""
-        return self.staging.parts_as_rows
 
     @property
     def accumulators_per_lane(self) -> int:  # dK, dV (head_dim / d_split each), S^T and dP^T (block_m each)
@@ -1023,12 +1027,7 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
         """The tiles a block keeps, before the staged key tiles."""
         return self._kept_pair(("q_tile", "do_tile"), self.block_m, self.q_in_registers)
 
-    @property
-    def staging(self) -> StagingConfig:
-        """Where the producer warpgroup makes K^T (``rows_staged``), K and V only: a third
-        fewer bytes staged and copied."""
-        return self._stage_tile if not self.rows_staged else dataclasses.replace(
-            self._stage_tile, operands="dq key rows", parts_as_rows=False)
+    ROWS_OPERANDS: ClassVar[str] = "dq key rows"  # (rows_staged: K and V; a third fewer bytes)
 
     @property
     def _stage_tile(self) -> StagingConfig:
@@ -1036,11 +1035,6 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
         # words take K's and V's row tiles with their parts as rows.
         parts_as_rows = self.parts == 2 and self.block_n == 16 and self.q_in_registers
         return StagingConfig("dq keys", self.precision, self.head_dim_pad, self.block_n, parts_as_rows=parts_as_rows)
-
-    @property
-    def score_parts_as_rows(self) -> bool:
-        """As dK/dV's: the staged row tiles hold their parts as rows."""
-        return self.staging.parts_as_rows
 
     @property
     def accumulators_per_lane(self) -> int:  # dQ (head_dim / d_split), S and dP (block_n each)
