@@ -337,9 +337,9 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
     """
     import cupy
 
+    policy = resolve_policy(policy)
     q, k, v, out = (_as_cupy(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("out", out)))
     call = _validate(q, k, v, causal, scale, layout, precision)
-    policy = resolve_policy(policy)
     out = _output("out", out, call.out_shape, call)
     lse = cupy.empty((call.B, call.Hq, call.Sq), dtype=cupy.float32)
     result = (out, lse) if return_lse else out
@@ -414,6 +414,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
 
     named = (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse),
              ("dq", dq), ("dk", dk), ("dv", dv))
+    policy = resolve_policy(policy)
     dout, q, k, v, out, lse, dq, dk, dv = (_as_cupy(n, x) for n, x in named)
     call = _validate(q, k, v, causal, scale, layout, precision)
     _check_like("dout", dout, call.out_shape, call.dtype, call.device_id)
@@ -421,7 +422,6 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     _check_like("lse", lse, (call.B, call.Hq, call.Sq), "float32", call.device_id, c_contiguous=True)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
-    policy = resolve_policy(policy)
     dq = _output("dq", dq, call.shape_like("q"), call)
     dk = _output("dk", dk, call.shape_like("k"), call)
     dv = _output("dv", dv, call.shape_like("v"), call)
