@@ -28,16 +28,16 @@ FWD_SIMT_TILES = (
 # dK/dV: a block keeps block_n keys and their dK, dV accumulators and streams block_m
 # query rows; no 16-warp tiles (128 registers a lane spill on sm_100 / sm_120).
 BWD_DKDV_SIMT_TILES = (
-    (64, 64, 8),
-    (64, 32, 8),
+    (64, 64, 8),  # 8 keys a warp: float32 head dims up to 64
+    (64, 32, 8),  # 4 keys a warp: up to 128
     (32, 64, 8),
     (32, 32, 8),
-    (32, 16, 8),  # 2 keys a warp: head dim 128
+    (32, 16, 8),  # 2 keys a warp: up to 256
     (16, 16, 4),
     (16, 16, 8),
     (16, 8, 4),
     (8, 8, 4),
-    (8, 8, 2),  # 4 keys a warp at 2 warps: head dim 256
+    (8, 8, 2),  # the smallest: for GPUs with the least shared memory
 )
 
 # ---- sm_80 and newer: mma.sync ----
