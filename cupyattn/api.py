@@ -13,6 +13,7 @@ from .compile import get_kernel
 from .device import current_device, smem_limit_from_env
 from .plan import (CXX_TYPES, MAX_HEAD_DIM, AttentionProblem, MmaConfig, parse_precision, plan_backward,
                    plan_forward)
+from .plan.policy import resolve_policy
 from .reference import causal_offset as _causal_offset
 
 LAYOUTS = ("bshd", "bhsd")
@@ -283,9 +284,8 @@ def _launch(config, spec, blocks: int, what: str, args, smem: int = 0):
 def stage_tiles(staging, spec, a, b, out=None, lse=None, delta=None):
     """The TF32 tiles a wgmma kernel copies whole (``plan.StagingConfig``), as a new flat
     float32 array of ``staging.workspace_bytes`` bytes: from K and V ((B, Sk, Hkv, D)
-    float32 views, last dimension contiguous) for "forward keys", "dq keys" and "dq key
-    rows"; from Q and dO ((B, Sq, Hq, D)) for "dkdv queries" and "dkdv query rows", with
-    the output O (as dO) and lse ((B, Hq, Sq)), which also writes delta = rowsum(dO * O)
+    float32 views, last dimension contiguous) for "forward keys" and "dq keys"; from Q and
+    dO ((B, Sq, Hq, D)) for "dkdv queries", with the output O (as dO) and lse ((B, Hq, Sq)), which also writes delta = rowsum(dO * O)
     ((B, Hq, Sq), as attn_bwd_delta)."""
     import cupy
 
@@ -301,7 +301,7 @@ def stage_tiles(staging, spec, a, b, out=None, lse=None, delta=None):
 
 
 def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
-              layout="bshd", smem_limit=None, precision=None):
+              layout="bshd", smem_limit=None, precision=None, policy=None):
     """Exact attention ``softmax(scale * Q K^T) V`` with FlashAttention's tiled algorithm.
 
     Args:
@@ -330,11 +330,14 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
            A sequence, e.g. ("fp32", "bf16"), allows several: the planner takes the
            first that runs on tensor cores on this device, else the first (FFMA).
            float16 / bfloat16 inputs accept only None or their own mode.
+        policy: a ``cupyattn.plan.Policy``: the kernel families, tiles and thresholds
+           the planner may choose from (None: the default, as measured fastest).
 
     A query row that sees no key gets out = 0 and lse = -inf.
     """
     import cupy
 
+    policy = resolve_policy(policy)
     q, k, v, out = (_as_cupy(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("out", out)))
     call = _validate(q, k, v, causal, scale, layout, precision)
     out = _output("out", out, call.out_shape, call)
@@ -349,7 +352,7 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
 
     with cupy.cuda.Device(call.device_id):
         spec = _device_for(call, smem_limit)
-        plan = plan_forward(call.problem(out), spec)
+        plan = plan_forward(call.problem(out), spec, policy)
         cfg = plan.config
         os_ = call.bshd(out)
         qs, ks, vs = _operands_for(plan, (call.qs, call.ks, call.vs))
@@ -370,7 +373,8 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, layout="bshd",
-                       deterministic=True, dq=None, dk=None, dv=None, smem_limit=None, precision=None):
+                       deterministic=True, dq=None, dk=None, dv=None, smem_limit=None, precision=None,
+                       policy=None):
     """Gradients (dq, dk, dv) of ``attention`` given dout = dLoss/dout.
 
     Args:
@@ -378,7 +382,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
            lse as returned by ``attention(..., return_lse=True)`` with the same
            q, k, v, causal and scale.
         lse: (B, Hq, Sq) float32, C-contiguous.
-        q, k, v, causal, scale, layout, smem_limit, precision: as for ``attention``
+        q, k, v, causal, scale, layout, smem_limit, precision, policy: as for ``attention``
            (the backward's precision need not be the forward's).
         dq, dk, dv: optional output arrays shaped like q, k, v (q's dtype, last
            dimension contiguous); left untouched if validation fails. With GQA,
@@ -410,6 +414,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
 
     named = (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse),
              ("dq", dq), ("dk", dk), ("dv", dv))
+    policy = resolve_policy(policy)
     dout, q, k, v, out, lse, dq, dk, dv = (_as_cupy(n, x) for n, x in named)
     call = _validate(q, k, v, causal, scale, layout, precision)
     _check_like("dout", dout, call.out_shape, call.dtype, call.device_id)
@@ -428,7 +433,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
 
     with cupy.cuda.Device(call.device_id):
         spec = _device_for(call, smem_limit)
-        bplan = plan_backward(call.problem(dout, deterministic=deterministic), spec)
+        bplan = plan_backward(call.problem(dout, deterministic=deterministic), spec, policy)
         dos, os_ = call.bshd(dout), call.bshd(out)
         dqs, dks, dvs = call.bshd(dq), call.bshd(dk), call.bshd(dv)
         rows = call.B * call.Hq * call.Sq

@@ -376,8 +376,7 @@ def empty_wgmmas(sass_text: str) -> list[str]:
     """The HGMMAs of ``sass_text`` that ptxas left empty (``HGMMA.64x8x16.F16 RZ,
     gdesc[URZ], ...``): where it drops wgmmas it judged dead or the same as others, it
     keeps an empty one in each commit group's place. Only a miscompile drops ours (every
-    product is used): "fp32" dQ at head dims up to 48 used S as dP that way
-    (BENCHMARKS.md, twenty-first session)."""
+    product is used): "fp32" dQ at head dims up to 48 once used S as dP that way."""
     return [line.strip() for line in sass_text.splitlines() if "HGMMA" in line and "gdesc[URZ]" in line]
 
 

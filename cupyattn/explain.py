@@ -12,7 +12,8 @@ import json
 from .compile import CompileReport, compile_only
 from .device import DeviceSpec, resolve_device
 from .layout import Buffer
-from .plan import AttentionProblem, Plan, Rejected, blocks_per_sm, plan_backward, plan_forward
+from .plan import (PRECISION_TEXT, AttentionProblem, BackwardPlan, MmaConfig, Plan, Rejected, WgmmaConfig,
+                   blocks_per_sm, plan_backward, plan_forward)
 
 DTYPES = ("float16", "bfloat16", "float32")
 CAPS_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
@@ -26,6 +27,59 @@ def blocks_per_sm_by_registers(registers: int, threads: int, device: DeviceSpec)
     per_warp = -(-max(registers, 1) * 32 // _REG_ALLOC_UNIT) * _REG_ALLOC_UNIT
     warps = device.registers_per_sm // per_warp
     return warps // (threads // 32)
+
+
+def precision_text(plan: Plan) -> str:
+    """The precision mode that runs and on which units (Plan.precision_text)."""
+    precision = plan.precision
+    if isinstance(plan.config, WgmmaConfig):
+        return (f"{precision}: {PRECISION_TEXT[precision]} on tensor cores, warpgroup MMA "
+                "(wgmma, sm_90a), the kernel family measured faster here (cupyattn.plan.tiles)")
+    if isinstance(plan.config, MmaConfig):
+        return f"{precision}: {PRECISION_TEXT[precision]} on tensor cores"
+    rounded = {"tf32": "TF32", "bf16": "bfloat16", "fp16": "float16"}
+    if plan.problem.dtype == "float32" and precision in rounded:
+        return (f"{precision}: float32 arithmetic (FFMA) on CUDA cores, on copies of the "
+                f"inputs rounded to {rounded[precision]}")
+    return f"{precision}: float32 arithmetic (FFMA) on CUDA cores"
+
+
+def describe_plan(plan: Plan) -> str:
+    """One kernel's plan as text: device, shared memory, why, precision, buffers, staging,
+    and the candidates rejected or skipped (Plan.describe)."""
+    d = plan.device
+    lines = [
+        f"{plan.config.name_expression}",
+        f"  device: {d.summary()}",
+        f"  shared memory: {plan.smem_bytes} of {d.smem_per_block_optin} bytes opt-in "
+        f"({100 * plan.smem_bytes / d.smem_per_block_optin:.0f}%), "
+        f"{plan.blocks_per_sm_by_smem} block(s) per SM by shared memory",
+        f"  why: {plan.reason}",
+        f"  precision: {precision_text(plan)}",
+    ]
+    if plan.work_split:
+        lines.append(f"  work split: {plan.work_split}")
+    lines.append(plan.layout.table())
+    staging = getattr(plan.config, "staging", None)
+    if staging is not None:
+        p = plan.problem
+        heads, seqlen = (p.heads_q, p.seqlen_q) if staging.queries else (p.heads_kv, p.seqlen_k)
+        lines.append(f"  staged first by {staging.name_expression}: "
+                     f"{staging.workspace_bytes(p.batch, heads, seqlen)} bytes of global memory "
+                     f"({staging.tiles(seqlen)} tiles of {staging.tile_bytes} bytes a head)")
+    for r in plan.rejected:
+        lines.append(f"  rejected {r.name_expression}: {r.smem_bytes} bytes, "
+                     f"{r.over_by} over the {r.limit}-byte limit")
+    for name, why in plan.register_skipped:
+        lines.append(f"  skipped {name}: {why}")
+    return "\n".join(lines)
+
+
+def describe_backward_plan(bplan: BackwardPlan) -> str:
+    """The backward's launches as text (BackwardPlan.describe)."""
+    delta = (f"{bplan.delta.name_expression} (no shared memory)" if bplan.delta is not None
+             else f"delta: computed by {bplan.dkdv.config.staging.kernel_name}, as it stages dO")
+    return "\n".join([delta] + [describe_plan(p) for p in bplan.plans])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +163,7 @@ class KernelExplanation:
                      f"{self.limit - self.total} to spare; {self.blocks_per_sm_by_smem} block(s) "
                      f"per SM by shared memory")
         lines.append(f"  chosen because: {self.plan.reason}")
-        lines.append(f"  precision: {self.plan.precision_text}")
+        lines.append(f"  precision: {precision_text(self.plan)}")
         if self.plan.work_split:
             lines.append(f"  work split: {self.plan.work_split}")
         for r in self.rejected:
@@ -168,10 +222,10 @@ class Explanation:
         return "\n\n".join([head] + [str(k) for k in self.kernels])
 
 
-def _kernel_plans(problem: AttentionProblem, spec: DeviceSpec, backward: bool):
+def _kernel_plans(problem: AttentionProblem, spec: DeviceSpec, backward: bool, policy=None):
     if not backward:
-        return [("forward", plan_forward(problem, spec))]
-    b = plan_backward(problem, spec)
+        return [("forward", plan_forward(problem, spec, policy))]
+    b = plan_backward(problem, spec, policy)
     if b.dq is None:
         return [("backward dK/dV/dQ (fused)", b.dkdv)]
     return [("backward dK/dV", b.dkdv), ("backward dQ", b.dq)]
@@ -181,7 +235,7 @@ def explain(head_dim: int = 128, dtype: str = "float16", *, backward: bool = Fal
             device: "str | DeviceSpec | None" = "current", smem_limit: int | None = None,
             causal: bool = False, head_dim_v: int | None = None, batch: int = 4, heads: int = 16,
             heads_kv: int | None = None, seqlen_q: int = 4096, seqlen_k: int | None = None,
-            compile: bool = True, precision=None, deterministic: bool = True) -> Explanation:
+            compile: bool = True, precision=None, deterministic: bool = True, policy=None) -> Explanation:
     """Where the shared memory of a call's kernels goes, buffer by buffer.
 
     ``device`` is ``"current"``, a named GPU (``"rtx6000ada"``, ``"sm_89"``) or a
@@ -189,14 +243,15 @@ def explain(head_dim: int = 128, dtype: str = "float16", *, backward: bool = Fal
     architecture (no GPU needed) and adds registers, spills, static shared memory
     and occupancy. ``precision``: as ``attention``'s (float32 inputs), e.g. "bf16" to
     see the operands staged as bfloat16. ``deterministic``: as ``attention_backward``'s
-    (False may plan one fused dK/dV/dQ pass).
+    (False may plan one fused dK/dV/dQ pass). ``policy``: a ``cupyattn.plan.Policy`` to plan
+    with (None: the default), e.g. to see a kernel family the planner would not take.
     """
     spec = resolve_device(device).with_smem_limit(smem_limit)
     problem = AttentionProblem(dtype, head_dim, head_dim_v or head_dim, bool(causal), batch, heads,
                                heads_kv or heads, seqlen_q, seqlen_k or seqlen_q, precision=precision,
                                deterministic=deterministic)
     kernels = []
-    for role, plan in _kernel_plans(problem, spec, backward):
+    for role, plan in _kernel_plans(problem, spec, backward, policy):
         report = compile_only(plan.config, spec.arch) if compile else None
         kernels.append(KernelExplanation(role, plan, report))
     return Explanation(spec, problem, tuple(kernels))
@@ -263,17 +318,17 @@ class CapabilityMatrix:
 
 def capabilities(device: "str | DeviceSpec | None" = "current", *, dtypes=DTYPES,
                  head_dims=CAPS_HEAD_DIMS, causal: bool = True, smem_limit: int | None = None,
-                 compile: bool = False) -> CapabilityMatrix:
+                 compile: bool = False, policy=None) -> CapabilityMatrix:
     """The capability matrix: for each head dim x dtype, the forward and backward
-    kernels the planner picks on ``device`` (B=4, H=16, S=4096), their shared
-    memory and, with ``compile``, registers and spills from NVRTC."""
+    kernels the planner picks on ``device`` (B=4, H=16, S=4096) under ``policy`` (None:
+    the default), their shared memory and, with ``compile``, registers and spills from NVRTC."""
     spec = resolve_device(device).with_smem_limit(smem_limit)
     rows = []
     for d in head_dims:
         for dtype in dtypes:
             problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096)
             for backward in (False, True):
-                for role, plan in _kernel_plans(problem, spec, backward):
+                for role, plan in _kernel_plans(problem, spec, backward, policy):
                     report = compile_only(plan.config, spec.arch) if compile else None
                     rows.append(CapabilityRow(d, dtype, KernelExplanation(role, plan, report)))
     return CapabilityMatrix(spec, causal, tuple(rows))

@@ -41,37 +41,38 @@ def _to_cupy(name: str, x):
     return cupy.from_dlpack(x)
 
 
-def _forward(q, k, v, causal, scale, layout, precision):
+def _forward(q, k, v, causal, scale, layout, precision, policy):
     out, lse = api.attention(_to_cupy("q", q), _to_cupy("k", k), _to_cupy("v", v), causal=causal,
-                             scale=scale, layout=layout, precision=precision, return_lse=True)
+                             scale=scale, layout=layout, precision=precision, policy=policy, return_lse=True)
     return jax.dlpack.from_dlpack(out), jax.dlpack.from_dlpack(lse)
 
 
-def attention(q, k, v, causal=False, scale=None, layout="bshd", precision=None):
+def attention(q, k, v, causal=False, scale=None, layout="bshd", precision=None, policy=None):
     """``softmax(scale * q k^T) v`` with cupyattn's kernels; arguments as ``cupyattn.attention``
-    (layout "bshd" by default, "bhsd" for (B, H, S, D); ``precision`` for float32 inputs,
-    forward and backward alike). Returns a jax.Array."""
+    (layout "bshd" by default, "bhsd" for (B, H, S, D); ``precision`` for float32 inputs and
+    ``policy``, a ``cupyattn.plan.Policy``, forward and backward alike). Returns a jax.Array."""
     if isinstance(precision, list):  # non-differentiable arguments must be hashable
         precision = tuple(precision)
-    return _attention(q, k, v, causal, scale, layout, precision)
+    return _attention(q, k, v, causal, scale, layout, precision, policy)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _attention(q, k, v, causal, scale, layout, precision):
-    return _forward(q, k, v, causal, scale, layout, precision)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _attention(q, k, v, causal, scale, layout, precision, policy):
+    return _forward(q, k, v, causal, scale, layout, precision, policy)[0]
 
 
-def _attention_fwd(q, k, v, causal, scale, layout, precision):
-    out, lse = _forward(q, k, v, causal, scale, layout, precision)
+def _attention_fwd(q, k, v, causal, scale, layout, precision, policy):
+    out, lse = _forward(q, k, v, causal, scale, layout, precision, policy)
     return out, (q, k, v, out, lse)
 
 
-def _attention_bwd(causal, scale, layout, precision, residuals, dout):
+def _attention_bwd(causal, scale, layout, precision, policy, residuals, dout):
     q, k, v, out, lse = residuals
     grads = api.attention_backward(_to_cupy("dout", dout), *(_to_cupy(n, x) for n, x in
                                                               zip(("q", "k", "v", "out", "lse"),
                                                                   (q, k, v, out, lse))),
-                                   causal=causal, scale=scale, layout=layout, precision=precision)
+                                   causal=causal, scale=scale, layout=layout, precision=precision,
+                                   policy=policy)
     return tuple(jax.dlpack.from_dlpack(g) for g in grads)
 
 

@@ -77,42 +77,45 @@ def _on_torch_stream(device: torch.device):
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, layout, precision):
+    def forward(ctx, q, k, v, causal, scale, layout, precision, policy):
         q, k, v = (_rows_contiguous(x) for x in (q, k, v))
         out = torch.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype, device=q.device)
         with _on_torch_stream(q.device):
             _, lse = api.attention(_as_cupy(q), _as_cupy(k), _as_cupy(v), causal=causal, scale=scale,
-                                   layout=layout, precision=precision, out=_as_cupy(out), return_lse=True)
+                                   layout=layout, precision=precision, policy=policy, out=_as_cupy(out),
+                                   return_lse=True)
             lse = torch.from_dlpack(lse)  # float32, (B, Hq, Sq); CuPy owns the memory
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = (causal, scale, layout, precision)
+        ctx.options = (causal, scale, layout, precision, policy)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        causal, scale, layout, precision = ctx.options
+        causal, scale, layout, precision, policy = ctx.options
         dout = _rows_contiguous(dout)
         dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
         with _on_torch_stream(q.device):
             api.attention_backward(_as_cupy(dout), _as_cupy(q), _as_cupy(k), _as_cupy(v), _as_cupy(out),
                                    _as_cupy(lse), causal=causal, scale=scale, layout=layout,
-                                   precision=precision, dq=_as_cupy(dq), dk=_as_cupy(dk), dv=_as_cupy(dv))
-        return dq, dk, dv, None, None, None, None
+                                   precision=precision, policy=policy, dq=_as_cupy(dq), dk=_as_cupy(dk),
+                                   dv=_as_cupy(dv))
+        return dq, dk, dv, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal=False, scale=None,
-              layout: str = "bhsd", precision=None) -> torch.Tensor:
+              layout: str = "bhsd", precision=None, policy=None) -> torch.Tensor:
     """``softmax(scale * q k^T) v`` through cupyattn's kernels, differentiable in q, k, v.
 
     Shapes (layout "bhsd", SDPA's): q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv);
     returns (B, Hq, Sq, Dv). With layout "bshd" the sequence and head axes swap.
     ``precision`` (float32 tensors: "fp32", "tf32", "bf16", "fp16" or a sequence of them;
-    docs/precision.md) applies to the forward and the backward alike. Errors
+    docs/precision.md) and ``policy`` (a ``cupyattn.plan.Policy``: the kernels the planner may
+    choose) apply to the forward and the backward alike. Errors
     for shapes, dtypes and head dims are cupyattn's (see its README), raised before any
     launch.
     """
     _check("q", q)
     for name, t in (("k", k), ("v", v)):
         _check(name, t, q.device)
-    return _Attention.apply(q, k, v, causal, scale, layout, precision)
+    return _Attention.apply(q, k, v, causal, scale, layout, precision, policy)

@@ -1,15 +1,18 @@
-"""Shared pieces of the GPU tests: problem strategies and strided device inputs."""
+"""Shared pieces of the GPU tests: problem strategies, strided device inputs, planner policies."""
 
 import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from cupyattn import testing
+from cupyattn.plan import Policy
 
 DTYPES = ["float16", "bfloat16", "float32"]
 HEAD_DIMS = [1, 3, 8, 31, 33, 64, 80, 96, 128, 160, 200, 256]
 # Tile sizes are 8..64: 1, tile - 1, tile, tile + 1 for several of them.
 SEQLENS = [1, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 200]
+# The backward without mma.sync's dK/dV and dQ tiles: on sm_90, wgmma's wherever they fit.
+NO_MMA_BACKWARD = Policy(tiles={"bwd_dkdv_mma": (), "bwd_dq_mma": ()})
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=False,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

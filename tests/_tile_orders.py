@@ -68,6 +68,4 @@ def staged_operands(operands, a, b):
     holds, in order, from its two operands ``a`` and ``b`` (K and V, or Q and dO)."""
     return {"forward keys": [(a, False), (b, True)],
             "dq keys": [(a, False), (b, False), (a, True)],
-            "dq key rows": [(a, False), (b, False)],
-            "dkdv queries": [(a, False), (b, False), (a, True), (b, True)],
-            "dkdv query rows": [(a, False), (b, False)]}[operands]
+            "dkdv queries": [(a, False), (b, False), (a, True), (b, True)]}[operands]

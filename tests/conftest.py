@@ -19,16 +19,3 @@ def pytest_collection_modifyitems(config, items):
 def _no_env_smem_limit(monkeypatch):
     # Tests set limits explicitly; a stray CUPYATTN_SMEM_LIMIT must not change them.
     monkeypatch.delenv("CUPYATTN_SMEM_LIMIT", raising=False)
-
-
-@pytest.fixture
-def mma_backward_tiles_taken_away(monkeypatch):
-    """The backward planned without mma.sync's dK/dV and dQ tiles (on sm_90, wgmma's where
-    they fit), with the plan cache cleared before and after."""
-    from cupyattn import plan as P
-
-    monkeypatch.setattr(P, "BWD_DKDV_MMA_TILES", ())
-    monkeypatch.setattr(P, "BWD_DQ_MMA_TILES", ())
-    P.plan_backward.cache_clear()
-    yield
-    P.plan_backward.cache_clear()

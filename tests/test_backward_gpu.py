@@ -2,12 +2,13 @@
 
 Rule: max|g - ref64| <= 3 * max|g_same_precision - ref64| + floor, for each of dq, dk, dv.
 Gradients poisoned with NaN before launch; strided, NaN-padded inputs; GQA; both
-causal alignments; the smaller shared-memory limits; determinism; the seed case.
+causal alignments; the smaller shared-memory limits; determinism; float32 at S = 4096 within
+101376 bytes.
 """
 
 import numpy as np
 import pytest
-from _gpu_cases import DTYPES, SETTINGS, device_array, problems
+from _gpu_cases import DTYPES, NO_MMA_BACKWARD, SETTINGS, device_array, problems
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -36,14 +37,16 @@ def _poisoned_like(x, dtype):
 
 
 def run_backward_and_check(*, B, Sq, Sk, Hq, Hkv, D, Dv, dtype, causal, scale=None, layout="bshd",
-                           strided=False, smem_limit=None, seed=0, precision=None, deterministic=True):
+                           strided=False, smem_limit=None, seed=0, precision=None, deterministic=True,
+                           policy=None):
     (hq, hk, hv, hdo), (q, k, v, dout) = _inputs(B, Sq, Sk, Hq, Hkv, D, Dv, dtype, layout, strided, seed)
     out, lse = cupyattn.attention(q, k, v, causal=causal, scale=scale, layout=layout,
-                                  return_lse=True, smem_limit=smem_limit, precision=precision)
+                                  return_lse=True, smem_limit=smem_limit, precision=precision, policy=policy)
     grads = [_poisoned_like(x, dtype) for x in (q, k, v)]
     got = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
                                       layout=layout, dq=grads[0], dk=grads[1], dv=grads[2],
-                                      smem_limit=smem_limit, precision=precision, deterministic=deterministic)
+                                      smem_limit=smem_limit, precision=precision, deterministic=deterministic,
+                                      policy=policy)
     assert all(a is b for a, b in zip(got, grads))
     ref = attention_backward_reference(hdo, hq, hk, hv, causal=causal, scale=scale)
     operands, out_precision = operand_precision(dtype, precision)
@@ -110,7 +113,7 @@ def test_deterministic_backward_is_bitwise_reproducible(D):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
-def test_float32_backward_on_tensor_cores_is_bitwise_reproducible(precision, mma_backward_tiles_taken_away):
+def test_float32_backward_on_tensor_cores_is_bitwise_reproducible(precision):
     """As the float16 case, for float32's tensor-core passes (on an sm_90 GPU the wgmma dK/dV
     and dQ passes, mma.sync's tiles taken away; "fp32" with its producer warpgroups) on a
     GQA group, causal, last tiles partial: their order of adds is fixed (dK/dV's query
@@ -121,48 +124,19 @@ def test_float32_backward_on_tensor_cores_is_bitwise_reproducible(precision, mma
     spec = current_device()
     if spec.compute_capability == (9, 0):
         bplan = P.plan_backward(P.AttentionProblem("float32", 256, 256, True, 1, 4, 2, 1000, 1000,
-                                                   precision=(precision,)), spec)
+                                                   precision=(precision,)), spec, NO_MMA_BACKWARD)
         assert isinstance(bplan.dkdv.config, P.BwdDkdvWgmmaConfig)
         assert isinstance(bplan.dq.config, P.BwdDqWgmmaConfig)
     (_, _, _, _), (q, k, v, dout) = _inputs(1, 1000, 1000, 4, 2, 256, 256, "float32", "bshd", False, 12)
     out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True, precision=precision)
     _same_bits_call_after_call(
-        lambda: cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, precision=precision), 20, np.uint32)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("D", [192, 256])
-def test_fp32_backward_whose_producer_makes_the_transposed_tiles_matches_the_reference(
-        D, causal, mma_backward_tiles_taken_away, monkeypatch):
-    """The "fp32" wgmma kernels whose producer warpgroups make dO^T and Q^T (dK/dV at 256)
-    and K^T (dQ from 184) from staged row tiles (rows_staged: measured slower, not planned;
-    tests/test_emulated_kernels.py runs them on the CPU), on a GQA group with partial
-    last tiles, Sq != Sk: float32 accuracy, as the planned kernels (which, since the
-    score products take B's parts as rows, sum them in another order: not the same bits)."""
-    from cupyattn import plan as P
-    from cupyattn.device import current_device
-
-    spec = current_device()
-    if spec.compute_capability != (9, 0):
-        pytest.skip("the wgmma kernels run on sm_90 alone")
-    for cls in (P.BwdDkdvWgmmaConfig, P.BwdDqWgmmaConfig):
-        monkeypatch.setattr(cls, "PRODUCER_MAKES_TRANSPOSED", True)
-    P.plan_backward.cache_clear()
-    try:
-        bplan = P.plan_backward(P.AttentionProblem("float32", D, D, causal, 1, 4, 2, 1000, 1100,
-                                                   precision=("fp32",)), spec)
-        assert bplan.dq.config.rows_staged and bplan.dkdv.config.rows_staged == (D == 256)
-        # (where the producer transposes, the row tiles keep their parts apart)
-        assert not bplan.dq.config.score_parts_as_rows and bplan.dkdv.config.score_parts_as_rows == (D != 256)
-        run_backward_and_check(B=1, Sq=1000, Sk=1100, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
-                               precision="fp32", seed=13)
-    finally:
-        P.plan_backward.cache_clear()
+        lambda: cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, precision=precision,
+                                            policy=NO_MMA_BACKWARD), 20, np.uint32)
 
 
 @pytest.mark.parametrize("D", [128, 256])
-def test_seed_case_float32_forward_and_backward_on_rtx6000ada_limit(D):
-    """Second seed thread: float32, causal, B=4, H=4, S=4096 within 101376 bytes."""
+def test_float32_causal_forward_and_backward_within_the_rtx6000ada_limit(D):
+    """float32, causal, B=4, H=4, S=4096 within 101376 bytes (an RTX 6000 Ada's opt-in limit)."""
     from cupyattn.reference import attention_reference
 
     B, S, H = 4, 4096, 4

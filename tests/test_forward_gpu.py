@@ -18,9 +18,8 @@ from cupyattn.reference import attention_reference, logit_bound, operand_precisi
 pytestmark = pytest.mark.gpu
 
 
-
 def run_and_check(*, B, Sq, Sk, Hq, Hkv, D, Dv, dtype, causal, scale=None, layout="bshd",
-                  strided=False, smem_limit=None, seed=0, rows=None, precision=None):
+                  strided=False, smem_limit=None, seed=0, rows=None, precision=None, policy=None):
     rng = np.random.default_rng(seed)
     hq = testing.host_values((B, Sq, Hq, D), dtype, rng)
     hk = testing.host_values((B, Sk, Hkv, D), dtype, rng)
@@ -32,7 +31,7 @@ def run_and_check(*, B, Sq, Sk, Hq, Hkv, D, Dv, dtype, causal, scale=None, layou
     out = testing.to_device(np.zeros(out_shape, np.float32), dtype)
     testing.poison(out)
     got, lse = cupyattn.attention(q, k, v, causal=causal, scale=scale, layout=layout, out=out,
-                                  return_lse=True, smem_limit=smem_limit, precision=precision)
+                                  return_lse=True, smem_limit=smem_limit, precision=precision, policy=policy)
     assert got is out
     got = testing.to_host(out)
     if layout == "bhsd":
@@ -72,8 +71,8 @@ def test_forward_with_smaller_shared_memory(dtype, smem_limit, p, causal):
 
 
 @pytest.mark.parametrize("D", [128, 256])
-def test_seed_case_float32_on_rtx6000ada_limit(D):
-    """Second seed thread: float32, causal, B=4, H=4, S=4096 within 101376 bytes."""
+def test_float32_causal_within_the_rtx6000ada_limit(D):
+    """float32, causal, B=4, H=4, S=4096 within 101376 bytes (an RTX 6000 Ada's opt-in limit)."""
     rows = np.sort(np.random.default_rng(D).choice(4096, 192, replace=False))
     run_and_check(B=4, Sq=4096, Sk=4096, Hq=4, Hkv=4, D=D, Dv=D, dtype="float32", causal=True,
                   smem_limit=101376, rows=rows, seed=D)
@@ -224,7 +223,7 @@ def test_long_context_forward_needs_only_the_lse_as_workspace():
 
 
 def test_forward_at_64k_keys_allocates_only_out_and_lse():
-    """Issue 5: B=1, H=16, S=65536, D=128 bfloat16 runs with O(S) extra device memory
+    """B=1, H=16, S=65536, D=128 bfloat16 runs with O(S) extra device memory
     (the output and the log-sum-exp), never an S x S buffer; sampled rows are exact."""
     B, S, H, D, dtype = 1, 65536, 16, 128, "bfloat16"
     rng = np.random.default_rng(64)

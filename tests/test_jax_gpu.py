@@ -1,4 +1,4 @@
-"""cupyattn from JAX (issue 8): eager forward and jax.grad against the float64 references.
+"""cupyattn from JAX: eager forward and jax.grad against the float64 references.
 Skipped without jax or without a GPU that JAX sees."""
 
 import os
@@ -66,3 +66,17 @@ def test_under_jit_it_says_why_it_cannot_run():
     q = jnp.ones((1, 8, 1, 16), dtype="float16")
     with pytest.raises(TypeError, match="runs eagerly"):
         jax.jit(lambda x: ca_jax.attention(x, x, x))(q)
+
+
+def test_the_policy_reaches_the_forward_and_the_backward_planner():
+    """A policy without any forward family fails the forward; one without any dK/dV tile
+    lets the forward run and fails the backward: both passes plan with it."""
+    from cupyattn.plan import PlanError, Policy
+
+    q, k, v = (jnp.ones((1, 40, 2, 64), dtype="float16") for _ in range(3))
+    with pytest.raises(PlanError, match="no forward configuration fits"):
+        ca_jax.attention(q, k, v, policy=Policy(families={"wgmma"}))  # wgmma runs float32 alone
+    no_dkdv = Policy(tiles={"bwd_dkdv_mma": (), "bwd_dkdv_simt": ()})
+    ca_jax.attention(q, k, v, policy=no_dkdv)
+    with pytest.raises(PlanError, match="no backward dK/dV configuration fits"):
+        jax.grad(lambda a: ca_jax.attention(a, k, v, policy=no_dkdv).sum().astype("float32"))(q)

@@ -4,8 +4,8 @@ import pytest
 
 from cupyattn.device import NAMED_DEVICES, named_device, smem_limit_from_env
 from cupyattn.layout import align
-from cupyattn.plan import (MAX_ACCUMULATORS_PER_LANE, AttentionProblem, FwdWgmmaConfig,
-                           FwdSimtConfig, MmaConfig, PlanError, blocks_per_sm, plan_backward, plan_forward)
+from cupyattn.plan import (FWD_MMA_TILES, MAX_ACCUMULATORS_PER_LANE, AttentionProblem, FwdSimtConfig, FwdWgmmaConfig,
+                           MmaConfig, PlanError, blocks_per_sm, plan_backward, plan_forward)
 
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -49,7 +49,7 @@ def test_smem_limit_plans_as_if_the_device_were_smaller(limit):
 
 
 def test_float32_head_dim_128_on_rtx6000ada_opts_in_past_48k():
-    # The second seed thread: 48 KiB tiles were all that NNop could use on this GPU.
+    # Past the 48 KiB default: the tiles that the opt-in limit allows.
     plan = plan_forward(AttentionProblem("float32", 128, 128, True, 4, 4, 4, 4096, 4096),
                         named_device("rtx6000ada"))
     assert 49152 < plan.smem_bytes <= 101376
@@ -249,7 +249,7 @@ def test_precision_is_parsed_with_clear_errors():
 
 @pytest.mark.parametrize("device", sorted(NAMED_DEVICES))
 def test_every_precision_mode_has_a_fitting_plan_on_every_device(device):
-    """Issue 6: each float32 mode, forward and backward, head dims 1..256, fits; sm_80+
+    """Each float32 mode, forward and backward, head dims 1..256, fits; sm_80+
     runs it on tensor cores where the shape allows, older GPUs fall back to FFMA."""
     from cupyattn.plan import PRECISIONS, plan_backward
 
@@ -321,7 +321,7 @@ def test_tf32_takes_its_own_measured_tile_order_and_other_modes_keep_theirs():
     a100 = named_device("a100")  # mma.sync's forward (the H100 takes the wgmma kernel)
     assert _tile(plan_forward(problem("tf32", 96), a100)) == (128, 64, 8)  # before (128, 32, 4)
     assert _tile(plan_forward(problem("tf32", 64), a100)) == (128, 64, 4)  # still first
-    assert _tile(plan_backward(problem("tf32", 128), spec).dq) == (128, 64, 8)  # plan.BWD_WGMMA_FIRST
+    assert _tile(plan_backward(problem("tf32", 128), spec).dq) == (128, 64, 8)  # tiles.BWD_WGMMA_FIRST
     assert _tile(plan_backward(problem("tf32", 64), spec).dq) == (128, 32, 8)  # the list's order
     # 3xTF32 measured apart
     assert _tile(plan_forward(problem("fp32", 64), a100)) == (128, 32, 4)
@@ -351,7 +351,7 @@ def test_wgmma_forward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measu
                                    precision=(precision,) if dtype == "float32" else ())
         return plan_forward(problem, named_device(device)).config
 
-    # plan.FWD_WGMMA_FIRST: the fastest tile of each sweep, by mode, head dim and causality.
+    # tiles.FWD_WGMMA_FIRST: the fastest tile of each sweep, by mode, head dim and causality.
     assert _tile_of(cfg("tf32", 64)) == ("wgmma", (128, 64, 8))
     assert _tile_of(cfg("tf32", 128)) == ("wgmma", (192, 64, 12))
     assert _tile_of(cfg("tf32", 256)) == ("wgmma", (64, 64, 4))
@@ -457,16 +457,16 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
         return [("wgmma" if isinstance(c, WgmmaConfig) else type(c).__name__, (c.block_m, c.block_n, c.num_warps))
                 for c in cfgs]
 
-    # plan._backward_families: wgmma first wherever its tiles compile without spills and fit.
+    # The default policy: wgmma first wherever its tiles compile without spills and fit.
     assert tiles(plans("tf32", 64)) == [("wgmma", (32, 192, 12)), ("wgmma", (128, 32, 8))]
-    # "fp32" at 64 (plan.BWD_WGMMA_FIRST): 64-query tiles through the ring, K and V in two
+    # "fp32" at 64 (tiles.BWD_WGMMA_FIRST): 64-query tiles through the ring, K and V in two
     # TF32 parts each (no words below 128); products one at a time leave them the registers.
-    # dQ's 64-key tiles (plan.BWD_WGMMA_FIRST), S then dP: N=64 score products.
+    # dQ's 64-key tiles (tiles.BWD_WGMMA_FIRST), S then dP: N=64 score products.
     assert tiles(plans("fp32", 64)) == [("wgmma", (64, 128, 8)), ("wgmma", (128, 64, 8))]
     dkdv, _ = plans("fp32", 64)
     assert dkdv.ring and not dkdv.kv_in_registers and dkdv.layout["k_tile"].shape == (2, 128, 64)
     assert "unless through the ring" in BwdDkdvWgmmaConfig("float32", "fp32", 64, 64, 64, 4, False).register_reason((9, 0))
-    # "tf32" at 128 (plan.BWD_WGMMA_FIRST): dK/dV's 64-query tiles through the ring (one
+    # "tf32" at 128 (tiles.BWD_WGMMA_FIRST): dK/dV's 64-query tiles through the ring (one
     # stage does not fit beside K and V), dQ's 64-key tiles.
     assert tiles(plans("tf32", 128)) == [("wgmma", (64, 128, 8)), ("wgmma", (128, 64, 8))]
     assert plans("tf32", 128)[0].ring and plans("tf32", 128)[1].block_n == 64
@@ -494,7 +494,7 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     dkdv, _ = plans("fp32", 192)
     assert tiles([dkdv]) == [("wgmma", (16, 64, 8))] and dkdv.d_split == 2 and dkdv.kv_in_registers
     # At head dim 256 two warpgroups share 64 keys, each with half of dK's and dV's columns.
-    # "tf32": 32 query rows through the ring (plan.BWD_WGMMA_FIRST).
+    # "tf32": 32 query rows through the ring (tiles.BWD_WGMMA_FIRST).
     dkdv, dq = plans("tf32", 256)
     assert isinstance(dkdv, WgmmaConfig) and dkdv.d_split == 2 and isinstance(dq, BwdDqWgmmaConfig)
     assert tiles([dkdv]) == [("wgmma", (32, 64, 8))] and dkdv.ring and dkdv.layout["barriers"].shape == (1, 3)
@@ -507,7 +507,7 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert tiles([dkdv, dq]) == [("wgmma", (16, 64, 8)), ("wgmma", (64, 16, 8))] and dkdv.ring
     # dQ: only 64 rows of Q and dO fit, so two warpgroups share them (d_split 2), each with
     # half of dQ's columns; "tf32" takes one warpgroup with 32-key tiles there (measured
-    # faster than the pair: the note above BWD_DKDV_WGMMA_TILES).
+    # faster than the pair: tiles.BWD_DQ_WGMMA_TILES).
     assert dq.d_split == 2 and tiles([plans("tf32", 256)[1]]) == [("wgmma", (64, 32, 4))]
     assert plans("tf32", 256)[1].d_split == 1
     # The same tile where it fits for "fp32" (up to 176) and takes 32-key tiles.
@@ -515,10 +515,9 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert dkdv.layout["q_tiles"].shape == (3, 2 * 16 * 256 + 2 * 16) and dkdv.layout["barriers"].shape == (1, 6)
     assert "ring" in dkdv.layout["q_tiles"].note and dkdv.layout.total == 2 * 64 * 256 * 4 + 3 * 32896 + 48
     assert dkdv.producer_warp and dkdv.threads == 384 and dkdv.layout_expression.endswith(", true>")  # 6 mbarriers
-    # Its staged query tiles hold Q, dO, their transposes, lse and delta, as the ring does
-    # (rows_staged, where the producer makes the transposes, measured slower: not planned).
+    # Its staged query tiles hold Q, dO, their transposes, lse and delta, as the ring does;
     # Q's and dO's row tiles with their parts as rows: the B operands of n32 score products.
-    assert not dkdv.rows_staged and dkdv.staging == StagingConfig("dkdv queries", "fp32", 256, 16, True)
+    assert dkdv.staging == StagingConfig("dkdv queries", "fp32", 256, 16, True)
     assert dkdv.score_parts_as_rows and dkdv.staging.name_expression.endswith("256, 16, true, true>")
     assert dkdv.staging.tile_bytes == dkdv.stage_bytes == 4 * 2 * 16 * 256 * 4 + 2 * 16 * 4 == 131200
     assert not plans("fp32", 192)[0].ring and not plans("tf32", 192)[0].ring
@@ -532,9 +531,9 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     # One stage: K and V | K^T land on a barrier each, freed on two more (the producer warpgroup).
     assert dq.layout["barriers"].shape == (1, 4) and "K, V | K^T" in dq.layout["barriers"].note
     assert dq.producer_warp and dq.threads == 384 and dq.layout_expression.endswith(", true>")
-    assert not dq.rows_staged and dq.staging.tile_bytes == dq.stage_bytes == dq.layout["kv_tiles"].bytes
+    assert dq.staging.tile_bytes == dq.stage_bytes == dq.layout["kv_tiles"].bytes
     assert dq.score_parts_as_rows and dq.staging.name_expression.endswith("256, 16, true, true, true>")
-    # Not for one TF32 pass, nor 32-wide tiles, nor where the producer transposes the rows.
+    # Not for one TF32 pass, nor 32-wide tiles.
     assert not plans("tf32", 256)[0].score_parts_as_rows and not plans("fp32", 128)[0].score_parts_as_rows
     assert not BwdDqWgmmaConfig("float32", "fp32", 112, 64, 16, 4, False).q_in_registers
     assert not BwdDqWgmmaConfig("float32", "tf32", 256, 64, 16, 4, False).q_in_registers
@@ -545,13 +544,13 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert BwdDqWgmmaConfig.head_dim_pad_for(144, 64, 16, 8) == 160
     assert BwdDqWgmmaConfig.head_dim_pad_for(144, 64, 16, 4) == 144
     assert BwdDqWgmmaConfig("float32", "fp32", 256, 64, 16, 8, False).accumulators_per_lane == (128 + 32) // 2
-    # Blocks that stream fewer than WGMMA_BACKWARD_MIN_ROWS rows (half when causal): mma.sync first.
+    # Blocks that stream fewer than Policy.wgmma_backward_min_rows (half when causal): mma.sync first.
     assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, batch=1, seqlen=512))
     assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=512))
     assert all(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=1024))
     assert not any(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=1024, causal=True))
     assert all(isinstance(c, WgmmaConfig) for c in plans("tf32", 64, seqlen=2048, causal=True))
-    # From head dim 128: from 256 rows (plan.WGMMA_BACKWARD_MIN_ROWS_FROM_128).
+    # From head dim 128: from 256 rows (Policy.wgmma_backward_min_rows_from_128).
     for precision, d in (("tf32", 128), ("fp32", 128), ("fp32", 256), ("tf32", 256)):
         assert all(isinstance(c, WgmmaConfig) for c in plans(precision, d, seqlen=512, causal=True))
         if d == 128:  # (at 256 mma.sync's tiles spill or do not fit: wgmma's whatever the length)
@@ -614,16 +613,15 @@ def test_wgmma_backward_layouts_and_register_rules():
     assert BwdDkdvWgmmaConfig("float32", "tf32", 192, 32, 64, 4, False).register_reason((9, 0))
     assert BwdDkdvWgmmaConfig("float32", "tf32", 176, 32, 64, 4, False).register_reason((9, 0)) is None
     assert BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 192, 12, False).register_reason((9, 0)) is None
-    # Admitted tiles that spilled once the kept tiles were loaded 8 chunks at a time
-    # (rule_audit.py --admitted, nineteenth session): "tf32" (16,256,16) at 80 causal and
-    # (64,64,4) at 144 (both products at once); their neighbours still compile clean.
+    # Tiles the rules keep out at their edges (scripts/rule_audit.py --admitted): "tf32"
+    # (16,256,16) at 80 causal and (64,64,4) at 144 (both products at once) spill; their
+    # neighbours compile clean.
     assert BwdDkdvWgmmaConfig("float32", "tf32", 80, 16, 256, 16, True).register_reason((9, 0))
     assert BwdDkdvWgmmaConfig("float32", "tf32", 64, 16, 256, 16, True).register_reason((9, 0)) is None
     assert "64-query" in BwdDkdvWgmmaConfig("float32", "tf32", 144, 64, 64, 4, False).register_reason((9, 0))
     assert BwdDkdvWgmmaConfig("float32", "tf32", 128, 64, 64, 4, False).register_reason((9, 0)) is None
-    # Causal instances that spilled though the rules let them through (rule_audit.py
-    # --admitted --causal yes, eighteenth session): "tf32" (16,64,4) at 208, 8 bytes;
-    # "fp32" 64-query tiles at 48, both products at once, 28 bytes.
+    # Causal instances that spill at the rules' edges (rule_audit.py --admitted --causal
+    # yes): "tf32" (16,64,4) at 208; "fp32" 64-query tiles at 48, both products at once.
     assert "from head dim 208" in BwdDkdvWgmmaConfig("float32", "tf32", 208, 16, 64, 4, True).register_reason((9, 0))
     assert "from head dim 48" in BwdDkdvWgmmaConfig("float32", "fp32", 48, 64, 128, 8, True).register_reason((9, 0))
     problem = AttentionProblem("float32", 200, 200, True, 4, 16, 16, 4096, 4096, precision=("tf32",))
@@ -704,31 +702,120 @@ def test_3xtf32_forward_keeps_q_as_one_float32_copy_from_head_dim_128():
     assert FwdWgmmaConfig("float32", "fp32", 256, 64, 32, 4, False).layout.total <= 232448
 
 
-def test_a_producer_that_makes_the_transposed_tiles_stages_the_row_tiles_alone(monkeypatch):
-    """Where the producer warpgroup makes the transposed tiles (rows_staged: "fp32" D=256
-    dK/dV, dQ from 184; measured slower, so not planned: PRODUCER_MAKES_TRANSPOSED), the
-    staging launch writes the row tiles alone (half the bytes for dK/dV, two thirds for
-    dQ, and as much less global memory), while a stage in shared memory still holds the
-    transposes; the kernel and its layout take the flag as their last parameter."""
-    from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, StagingConfig
+def _plans(problem, device, policy=None):
+    bwd = plan_backward(problem, device, policy)
+    return [plan_forward(problem, device, policy)] + list(bwd.plans)
 
-    for cls in (BwdDkdvWgmmaConfig, BwdDqWgmmaConfig):
-        monkeypatch.setattr(cls, "PRODUCER_MAKES_TRANSPOSED", True)
-    dkdv = BwdDkdvWgmmaConfig("float32", "fp32", 256, 16, 64, 8, True)
-    assert dkdv.rows_staged and dkdv.ring and dkdv.producer_warp
-    assert dkdv.staging == StagingConfig("dkdv query rows", "fp32", 256, 16) and not dkdv.staging.transposed
-    assert dkdv.staging.tile_bytes == 2 * 2 * 16 * 256 * 4 + 2 * 16 * 4 == 65664
-    assert dkdv.stage_bytes == 4 * 2 * 16 * 256 * 4 + 2 * 16 * 4 == 131200
-    assert dkdv.staging.workspace_bytes(4, 16, 4096) == 4 * 16 * 256 * 65664
-    assert dkdv.staging.name_expression == "cupyattn::stage_queries_tf32<cupyattn::MmaTf32<3>, 256, 16, false>"
-    assert dkdv.name_expression.endswith(", 8, true, true>") and dkdv.layout_expression.endswith(", true, true>")
-    assert "made from them by the producer warpgroup" in dkdv.layout["q_tiles"].note
-    assert "makes dO^T and Q^T" in dkdv.work_split
-    dq = BwdDqWgmmaConfig("float32", "fp32", 192, 64, 16, 8, False)
-    assert dq.rows_staged and dq.staging == StagingConfig("dq key rows", "fp32", 192, 16)
-    assert dq.staging.tile_bytes == 2 * 2 * 16 * 192 * 4 and dq.stage_bytes == dq.layout["kv_tiles"].bytes == 3 * 2 * 16 * 192 * 4
-    assert dq.staging.name_expression == "cupyattn::stage_keys_tf32<cupyattn::MmaTf32<3>, 192, 16, true, false>"
-    assert "transposed one made from them by the producer warpgroup" in dq.layout["kv_tiles"].note
-    # Without a producer warpgroup nothing changes ("tf32" D=256 dK/dV: its ring has none).
-    tf32 = BwdDkdvWgmmaConfig("float32", "tf32", 256, 32, 64, 8, False)
-    assert not tf32.rows_staged and tf32.staging.operands == "dkdv queries" and tf32.name_expression.endswith(", 8, false>")
+
+def test_the_default_policy_plans_as_no_policy_does():
+    from cupyattn.plan import DEFAULT_POLICY, Policy
+
+    assert Policy() == DEFAULT_POLICY and hash(Policy()) == hash(DEFAULT_POLICY)
+    for device in ("v100", "a100", "h200", "rtx5090"):
+        spec = named_device(device)
+        for dtype, precision in (("float16", None), ("float32", "fp32"), ("float32", "tf32")):
+            for d, s, causal in ((64, 4096, False), (128, 512, True), (256, 1024, False), (72, 333, True)):
+                for deterministic in (True, False):
+                    problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, s, s, precision=precision,
+                                               deterministic=deterministic)
+                    want = _plans(problem, spec)
+                    assert _plans(problem, spec, DEFAULT_POLICY) == want == _plans(problem, spec, Policy())
+
+
+def test_a_policy_restricts_the_kernel_families():
+    from cupyattn.plan import BwdFusedWgmmaConfig, FwdMmaConfig, Policy, SimtConfig, WgmmaConfig
+
+    h200 = named_device("h200")
+    problem = AttentionProblem("float32", 64, 64, False, 4, 16, 16, 4096, 4096, precision="tf32")
+    assert all(isinstance(p.config, WgmmaConfig) for p in _plans(problem, h200))
+    mma = _plans(problem, h200, Policy(families={"mma", "simt"}))
+    assert all(isinstance(p.config, MmaConfig) and not isinstance(p.config, WgmmaConfig) for p in mma)
+    assert all(isinstance(p.config, SimtConfig) for p in _plans(problem, h200, Policy(families={"simt"})))
+    # Below the lengths where the wgmma kernels pay: mma.sync's, unless the policy lowers them.
+    short = AttentionProblem("float32", 64, 64, False, 4, 16, 16, 256, 256, precision="tf32")
+    assert type(plan_forward(short, h200).config) is FwdMmaConfig
+    forced = Policy(families={"wgmma"}, wgmma_forward_min_keys=0, wgmma_backward_min_rows=0)
+    assert all(isinstance(p.config, WgmmaConfig) for p in _plans(short, h200, forced))
+    # The fused backward is a family of its own.
+    fused = AttentionProblem("float32", 64, 64, False, 4, 16, 16, 4096, 4096, precision="tf32", deterministic=False)
+    assert isinstance(plan_backward(fused, h200).dkdv.config, BwdFusedWgmmaConfig)
+    two = plan_backward(fused, h200, Policy(families={"wgmma", "mma", "simt"}))
+    assert two.dq is not None and not isinstance(two.dkdv.config, BwdFusedWgmmaConfig)
+    # No allowed family fits: the error lists what was tried.
+    with pytest.raises(PlanError, match="(?s)no forward configuration fits H200.*tried:\n  cupyattn::attn_fwd_mma<float"):
+        plan_forward(problem, h200.with_smem_limit(8192), Policy(families={"mma"}))
+    assert plan_backward(problem, named_device("v100"), Policy(families={"simt"})).delta is not None
+
+
+def test_a_policy_overrides_the_tiles_and_their_measured_order():
+    from cupyattn.plan import BwdDqWgmmaConfig, FwdMmaConfig, Policy
+
+    a100, h200 = named_device("a100"), named_device("h200")
+    problem = AttentionProblem("float16", 64, 64, False, 4, 16, 16, 4096, 4096)
+    assert _tile(plan_forward(problem, a100)) == (128, 64, 4)
+    assert _tile(plan_forward(problem, a100, Policy(tiles={"fwd_mma": [(64, 32, 4), (128, 64, 4)]}))) == (64, 32, 4)
+    # The override's order stands: "tf32" moves (128, 64, 8) ahead only in the measured list.
+    tf32 = AttentionProblem("float32", 96, 96, False, 4, 16, 16, 4096, 4096, precision="tf32")
+    assert _tile(plan_forward(tf32, a100)) == (128, 64, 8)
+    assert _tile(plan_forward(tf32, a100, Policy(tiles={"fwd_mma": FWD_MMA_TILES}))) == (128, 32, 4)
+    # So does the wgmma list's per-head-dim order; an emptied list leaves the other family.
+    f32 = AttentionProblem("float32", 64, 64, False, 4, 16, 16, 4096, 4096, precision="tf32")
+    policy = Policy(tiles={"bwd_dq_wgmma": [(64, 16, 4)], "fwd_wgmma": ()})
+    bwd = plan_backward(f32, h200, policy)
+    assert isinstance(bwd.dq.config, BwdDqWgmmaConfig) and _tile(bwd.dq) == (64, 16, 4)
+    assert type(plan_forward(f32, h200, policy).config) is FwdMmaConfig
+    simt = plan_backward(f32, named_device("v100"), Policy(tiles={"bwd_dkdv_simt": [(8, 8, 2)]})).dkdv.config
+    assert (simt.block_m, simt.block_n, simt.num_warps) == (8, 8, 2)
+
+
+def test_a_policy_moves_the_thresholds_and_where_the_fused_pass_runs():
+    from cupyattn.plan import BwdFusedWgmmaConfig, FwdWgmmaConfig, Policy, WgmmaConfig
+
+    h200 = named_device("h200")
+    short = AttentionProblem("float32", 128, 128, False, 4, 16, 16, 256, 256, precision="tf32")
+    assert not isinstance(plan_forward(short, h200).config, WgmmaConfig)
+    assert isinstance(plan_forward(short, h200, Policy(wgmma_forward_min_keys=256)).config, FwdWgmmaConfig)
+    mid = AttentionProblem("float32", 64, 64, False, 4, 16, 16, 512, 512, precision="tf32")
+    assert not any(isinstance(p.config, WgmmaConfig) for p in plan_backward(mid, h200).plans)
+    assert all(isinstance(p.config, WgmmaConfig) for p in plan_backward(mid, h200, Policy(
+        wgmma_backward_min_rows=512)).plans)
+    # From padded head dim 128 the lower of the two thresholds holds.
+    wide = AttentionProblem("float32", 128, 128, True, 4, 16, 16, 256, 256, precision="tf32")
+    assert not any(isinstance(p.config, WgmmaConfig) for p in plan_backward(wide, h200).plans)
+    assert all(isinstance(p.config, WgmmaConfig)
+               for p in plan_backward(wide, h200, Policy(wgmma_backward_min_rows_from_128=128)).plans)
+    fused = AttentionProblem("float32", 128, 128, False, 4, 16, 16, 4096, 4096, precision="tf32",
+                             deterministic=False)
+    assert plan_backward(fused, h200).dq is not None
+    bwd = plan_backward(fused, h200, Policy(fused_where=[("tf32", 128)]))
+    assert bwd.dq is None and isinstance(bwd.dkdv.config, BwdFusedWgmmaConfig)
+    assert "as the planner policy's fused_where asks" in bwd.dkdv.reason
+    assert plan_backward(fused, h200, Policy(fused_where=())).dq is not None
+
+
+def test_policy_values_are_normalised_and_bad_ones_name_their_argument():
+    from cupyattn.plan import Policy
+
+    loose = Policy(families=["mma", "simt"], tiles={"fwd_mma": [[64, 64, 4]]}, fused_where=[["tf32", 64]])
+    exact = Policy(families=frozenset({"simt", "mma"}), tiles=(("fwd_mma", ((64, 64, 4),)),),
+                   fused_where=frozenset({("tf32", 64)}))
+    assert loose == exact and hash(loose) == hash(exact)
+    assert Policy(families="mma").families == frozenset({"mma"})
+    bad = [(dict(families={"tensor"}), "families: expected None or a non-empty set of"),
+           (dict(families=()), "families: expected"),
+           (dict(tiles={"fwd": [(64, 64, 4)]}), "tiles: expected keys among"),
+           (dict(tiles=[("fwd_mma", ()), ("fwd_mma", ())]), "tiles: 'fwd_mma' given twice"),
+           (dict(tiles={"fwd_mma": [(64, 64)]}), r"tiles\['fwd_mma'\]: expected \(block_m, block_n, num_warps\)"),
+           (dict(tiles={"fwd_mma": [(64, 0, 4)]}), r"tiles\['fwd_mma'\]"),
+           (dict(tiles={"fwd_mma": 64}), r"tiles\['fwd_mma'\]: expected a sequence"),
+           (dict(tiles=[1, 2]), "tiles: expected a dict or"),
+           (dict(wgmma_forward_min_keys=-1), "wgmma_forward_min_keys: expected an int >= 0, got -1"),
+           (dict(wgmma_backward_min_rows=1.5), "wgmma_backward_min_rows: expected an int"),
+           (dict(wgmma_backward_min_rows_from_128=True), "wgmma_backward_min_rows_from_128: expected"),
+           (dict(fused_where={("fp64", 64)}), "fused_where: expected \\(precision, padded head dim\\) pairs")]
+    for kwargs, message in bad:
+        with pytest.raises(ValueError, match=message):
+            Policy(**kwargs)
+    problem = AttentionProblem("float16", 64, 64, False)
+    with pytest.raises(TypeError, match="policy: expected a cupyattn.plan.Policy or None, got str"):
+        plan_forward(problem, named_device("h200"), "mma")

@@ -1,4 +1,4 @@
-"""Reliability on the GPU (issue 7): garbage no query may see, determinism, streams,
+"""Reliability on the GPU: garbage no query may see, determinism, streams,
 threads, and shapes past the 16- and 32-bit limits.
 
 Bitwise checks compare raw bits, so -0.0 vs 0.0 or a different NaN payload would fail.
@@ -263,7 +263,7 @@ def test_arrays_over_2_31_elements():
             assert cmp.ok, f"head {h} {name}: {cmp}"
 
 
-def test_fused_backward_keeps_nan_in_keys_no_query_may_see_out_of_dq(monkeypatch):
+def test_fused_backward_keeps_nan_in_keys_no_query_may_see_out_of_dq():
     """deterministic=False on sm_90 (the fused dK/dV/dQ pass, whose dQ^T = K^T dS^T
     multiplies every key of a block by dS, 0 where unseen): top_left causal with Sk > Sq,
     NaN keys and inf/NaN values from Sq on leave dk, dv bitwise and dq (float32 atomics,
@@ -275,40 +275,36 @@ def test_fused_backward_keeps_nan_in_keys_no_query_may_see_out_of_dq(monkeypatch
 
     if current_device().compute_capability != (9, 0):
         pytest.skip("the fused pass runs on sm_90")
-    monkeypatch.setattr(P, "WGMMA_BACKWARD_MIN_ROWS", 0)
-    P.plan_backward.cache_clear()
-    try:
-        B, Sq, Sk, H, D = 2, 70, 200, 3, 64
-        problem = P.AttentionProblem("float32", D, D, True, B, H, H, Sq, Sk, precision=("tf32",),
-                                     deterministic=False)
-        assert P.plan_backward(problem, current_device()).dq is None
-        _, (q, k, v, dout) = _inputs([(B, Sq, H, D), (B, Sk, H, D), (B, Sk, H, D), (B, Sq, H, D)], "float32", 9)
+    policy = P.Policy(wgmma_backward_min_rows=0)
+    B, Sq, Sk, H, D = 2, 70, 200, 3, 64
+    problem = P.AttentionProblem("float32", D, D, True, B, H, H, Sq, Sk, precision=("tf32",),
+                                 deterministic=False)
+    assert P.plan_backward(problem, current_device(), policy).dq is None
+    _, (q, k, v, dout) = _inputs([(B, Sq, H, D), (B, Sk, H, D), (B, Sk, H, D), (B, Sq, H, D)], "float32", 9)
 
-        def grads(k, v):
-            out, lse = cupyattn.attention(q, k, v, causal="top_left", return_lse=True, precision="tf32")
-            return cupyattn.attention_backward(dout, q, k, v, out, lse, causal="top_left", precision="tf32",
-                                               deterministic=False)
+    def grads(k, v):
+        out, lse = cupyattn.attention(q, k, v, causal="top_left", return_lse=True, precision="tf32",
+                                      policy=policy)
+        return cupyattn.attention_backward(dout, q, k, v, out, lse, causal="top_left", precision="tf32",
+                                           deterministic=False, policy=policy)
 
-        clean = grads(k, v)
-        k2, v2 = k.copy(), v.copy()
-        testing.poison(k2[:, Sq:])
-        testing.poison(v2[:, Sq::2])
-        v2[:, Sq + 1::2].view(cupy.uint32).fill(0x7F800000)
-        dq, dk, dv = grads(k2, v2)
-        _assert_bitwise_equal([_bits(dk), _bits(dv)], [_bits(clean[1]), _bits(clean[2])], names=("dk", "dv"))
-        assert bool(cupy.isfinite(dq).all()), "NaN or inf in keys no query sees reached dq"
-        np.testing.assert_allclose(dq.get(), clean[0].get(), rtol=1e-5, atol=1e-6)
-    finally:
-        P.plan_backward.cache_clear()
+    clean = grads(k, v)
+    k2, v2 = k.copy(), v.copy()
+    testing.poison(k2[:, Sq:])
+    testing.poison(v2[:, Sq::2])
+    v2[:, Sq + 1::2].view(cupy.uint32).fill(0x7F800000)
+    dq, dk, dv = grads(k2, v2)
+    _assert_bitwise_equal([_bits(dk), _bits(dv)], [_bits(clean[1]), _bits(clean[2])], names=("dk", "dv"))
+    assert bool(cupy.isfinite(dq).all()), "NaN or inf in keys no query sees reached dq"
+    np.testing.assert_allclose(dq.get(), clean[0].get(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
 def test_staged_tiles_stay_alive_until_their_kernel_is_launched(monkeypatch, precision):
     """The wgmma kernels read TF32 tiles a staging launch wrote to a workspace array; that
     array must still be referenced when the kernel reading it is launched. Freed before
-    (as once: only its raw pointer was kept), its memory could be unmapped (no memory
-    pool: the dK/dV pass then faulted, scripts/sanitize_cases.py) or handed to another
-    allocation before the kernel ran."""
+    (only its raw pointer kept), its memory could be unmapped (no memory pool: the dK/dV
+    pass faults) or handed to another allocation before the kernel ran."""
     import weakref
 
     from cupyattn import api
@@ -317,10 +313,8 @@ def test_staged_tiles_stay_alive_until_their_kernel_is_launched(monkeypatch, pre
 
     if current_device().compute_capability != (9, 0):
         pytest.skip("tiles are staged for sm_90's wgmma kernels")
-    for tiles in ("FWD_MMA_TILES", "BWD_DKDV_MMA_TILES", "BWD_DQ_MMA_TILES"):  # wgmma's tiles at a small size
-        monkeypatch.setattr(P, tiles, ())
-    monkeypatch.setattr(P, "WGMMA_BACKWARD_MIN_ROWS", 0)
-    monkeypatch.setattr(P, "BWD_FUSED_WHERE_FASTER", {(precision, 64)})
+    policy = P.Policy(tiles={"fwd_mma": (), "bwd_dkdv_mma": (), "bwd_dq_mma": ()},  # wgmma's tiles at a small size
+                      wgmma_backward_min_rows=0, fused_where={(precision, 64)})
     staged, checked = [], []
     stage_tiles, launch = api.stage_tiles, api._launch
 
@@ -338,17 +332,12 @@ def test_staged_tiles_stay_alive_until_their_kernel_is_launched(monkeypatch, pre
 
     monkeypatch.setattr(api, "stage_tiles", recording_stage_tiles)
     monkeypatch.setattr(api, "_launch", checking_launch)
-    P.plan_forward.cache_clear()
-    P.plan_backward.cache_clear()
-    try:
-        B, S, H, D = 1, 130, 2, 64
-        _, (q, k, v, dout) = _inputs([(B, S, H, D)] * 4, "float32", 11)
-        out, lse = cupyattn.attention(q, k, v, return_lse=True, precision=precision)
-        for deterministic in (True, False):
-            cupyattn.attention_backward(dout, q, k, v, out, lse, precision=precision, deterministic=deterministic)
-    finally:
-        P.plan_forward.cache_clear()
-        P.plan_backward.cache_clear()
+    B, S, H, D = 1, 130, 2, 64
+    _, (q, k, v, dout) = _inputs([(B, S, H, D)] * 4, "float32", 11)
+    out, lse = cupyattn.attention(q, k, v, return_lse=True, precision=precision, policy=policy)
+    for deterministic in (True, False):
+        cupyattn.attention_backward(dout, q, k, v, out, lse, precision=precision, deterministic=deterministic,
+                                    policy=policy)
     # forward, dK/dV, dQ, fused: each reads tiles staged for it
     assert [type(c).__name__ for c in checked] == ["FwdWgmmaConfig", "BwdDkdvWgmmaConfig", "BwdDqWgmmaConfig",
                                                    "BwdFusedWgmmaConfig"], checked
@@ -358,8 +347,8 @@ def test_reduced_suite_runs_without_a_memory_pool():
     """scripts/sanitize_cases.py (every kernel family, odd shapes, GQA, each precision mode)
     with CuPy's memory pool off, in its own process: an access to memory freed too early
     (or past an allocation) faults there instead of landing in pooled memory, as it
-    would in the rest of this suite. This run found the staged tiles freed before their
-    launch, which memcheck did not report (docs/sanitizer.md)."""
+    would in the rest of this suite (staged tiles freed before their launch fault here,
+    where memcheck does not report them: docs/sanitizer.md)."""
     import os
     import subprocess
     import sys
@@ -417,7 +406,7 @@ def test_grid_slots_cover_every_tile_once_and_causal_grids_start_heaviest(num_ti
 
 @pytest.mark.parametrize("path", ["float16", "float32 fp32 wgmma", "float32 tf32 wgmma", "float32 tf32 fused"])
 @pytest.mark.parametrize("causal", [True, "top_left"])
-def test_causal_grids_of_several_head_groups_match_the_reference(path, causal, monkeypatch):
+def test_causal_grids_of_several_head_groups_match_the_reference(path, causal):
     """Causal grids are ordered by groups of heads (grid_slot; at these few tiles a head,
     32 heads a group): 3 x 12 heads, a full group and a short one in every grid, several
     tiles per head, the last partial, against the float64 reference."""
@@ -429,32 +418,24 @@ def test_causal_grids_of_several_head_groups_match_the_reference(path, causal, m
 
     dtype, *mode = path.split()
     precision, kernels = mode if mode else (None, None)
+    policy = None
     if mode:
         if current_device().compute_capability != (9, 0):
             pytest.skip("wgmma needs an sm_90 GPU")
-        for tiles in ("FWD_MMA_TILES", "BWD_DKDV_MMA_TILES", "BWD_DQ_MMA_TILES"):
-            monkeypatch.setattr(P, tiles, ())
-        monkeypatch.setattr(P, "WGMMA_FORWARD_MIN_KEYS", 0)
-        monkeypatch.setattr(P, "WGMMA_BACKWARD_MIN_ROWS", 0)
-        monkeypatch.setattr(P, "BWD_FUSED_WHERE_FASTER", {(precision, 64)})
-    P.plan_forward.cache_clear()
-    P.plan_backward.cache_clear()
-    try:
-        B, Sq, Sk, Hq, Hkv, D = 3, 300, 257, 12, 12, 64
-        deterministic = kernels != "fused"
-        if mode:  # the kernels meant, not a fall-back
-            problem = P.AttentionProblem(dtype, D, D, causal, B, Hq, Hkv, Sq, Sk, precision=(precision,),
-                                         deterministic=deterministic)
-            assert isinstance(P.plan_forward(problem, current_device()).config, P.FwdWgmmaConfig)
-            bwd = P.plan_backward(problem, current_device())
-            assert isinstance(bwd.dkdv.config, P.BwdFusedWgmmaConfig if kernels == "fused" else P.BwdDkdvWgmmaConfig)
-        shape = dict(B=B, Sq=Sq, Sk=Sk, Hq=Hq, Hkv=Hkv, D=D, Dv=D, dtype=dtype, causal=causal,
-                     precision=precision, seed=21)
-        run_and_check(**shape)
-        run_backward_and_check(**shape, deterministic=deterministic)
-    finally:
-        P.plan_forward.cache_clear()
-        P.plan_backward.cache_clear()
+        policy = P.Policy(tiles={"fwd_mma": (), "bwd_dkdv_mma": (), "bwd_dq_mma": ()}, wgmma_forward_min_keys=0,
+                          wgmma_backward_min_rows=0, fused_where={(precision, 64)})
+    B, Sq, Sk, Hq, Hkv, D = 3, 300, 257, 12, 12, 64
+    deterministic = kernels != "fused"
+    if mode:  # the kernels meant, not a fall-back
+        problem = P.AttentionProblem(dtype, D, D, causal, B, Hq, Hkv, Sq, Sk, precision=(precision,),
+                                     deterministic=deterministic)
+        assert isinstance(P.plan_forward(problem, current_device(), policy).config, P.FwdWgmmaConfig)
+        bwd = P.plan_backward(problem, current_device(), policy)
+        assert isinstance(bwd.dkdv.config, P.BwdFusedWgmmaConfig if kernels == "fused" else P.BwdDkdvWgmmaConfig)
+    shape = dict(B=B, Sq=Sq, Sk=Sk, Hq=Hq, Hkv=Hkv, D=D, Dv=D, dtype=dtype, causal=causal,
+                 precision=precision, seed=21, policy=policy)
+    run_and_check(**shape)
+    run_backward_and_check(**shape, deterministic=deterministic)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])

@@ -1,4 +1,4 @@
-"""cupyattn from PyTorch (issue 8) and foreign arrays through the core API.
+"""cupyattn from PyTorch and foreign arrays through the core API.
 
 Reference rule as elsewhere: |got - ref64| <= factor * |same-precision ref - ref64| + floor,
 with SDPA's math backend in float64 as ref64 and in the input dtype as the
@@ -165,3 +165,16 @@ def test_precision_reaches_the_forward_and_the_backward(precision):
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
         assert torch.equal(g, torch.from_dlpack(w)), name
     assert not torch.equal(got[0], ca_torch.attention(q, k, v, causal=True)), "the default mode's result"
+
+
+def test_the_policy_reaches_the_forward_and_the_backward_planner():
+    """A policy without any forward family fails the forward; one without any dK/dV tile
+    lets the forward run and fails the backward: both passes plan with it."""
+    from cupyattn.plan import PlanError, Policy
+
+    q, k, v = (torch.randn(1, 2, 40, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    with pytest.raises(PlanError, match="no forward configuration fits"):
+        ca_torch.attention(q, k, v, policy=Policy(families={"wgmma"}))  # wgmma runs float32 alone
+    out = ca_torch.attention(q, k, v, policy=Policy(tiles={"bwd_dkdv_mma": (), "bwd_dkdv_simt": ()}))
+    with pytest.raises(PlanError, match="no backward dK/dV configuration fits"):
+        out.sum().backward()
