@@ -36,7 +36,7 @@ HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
 FP32_WIDE_DIMS = tuple(range(144, 257, 16))  # 3xTF32 near 255 registers: every 16
 # Planned tiles allowed to spill (NVRTC 13.5): {(arch, name expression): (most bytes, why)}.
 # Both non-causal, found when this test took non-causal instances too
-# (scripts/planned_spills.py lists every planned tile that spills); on the H200 the
+# (scripts/spills.py planned lists every planned tile that spills); on the H200 the
 # next spill-free tile was slower (B=4, H=16, S=4096, not causal, whole-call ms).
 SPILL_ALLOWANCE: dict = {
     ("sm_90", "cupyattn::attn_fwd_mma<float, cupyattn::MmaTf32<3>, 176, 64, 32, 4, false>"): (
