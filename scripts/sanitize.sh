@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # compute-sanitizer, one tool at a time: first on the tool's planted bug
-# (scripts/sanitize_planted.py; it must report errors, or the tool is not live),
-# then on the reduced suite (scripts/sanitize_cases.py; it must report none and run to
-# its end).
+# (scripts/sanitize_cases.py --planted TOOL; it must report errors, or the tool is not
+# live), then on the reduced suite (scripts/sanitize_cases.py; it must report none and
+# run to its end).
 # Prints each run's summary line and exits non-zero on any surprise.
 # Usage on a GPU machine from the checkout:
 #   bash scripts/sanitize.sh [memcheck racecheck synccheck initcheck]
@@ -18,7 +18,7 @@ status=0
 summary() { grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | head -1; }  # the total precedes "N errors were not printed"
 errors() { grep -oE "SUMMARY: [0-9]+" | grep -oE "[0-9]+$"; }
 for tool in "${tools[@]}"; do
-    planted=$(timeout 120 compute-sanitizer --tool "$tool" --print-limit 5 python3 scripts/sanitize_planted.py "$tool" 2>&1 | summary)
+    planted=$(timeout 120 compute-sanitizer --tool "$tool" --print-limit 5 python3 scripts/sanitize_cases.py --planted "$tool" 2>&1 | summary)
     echo "== $tool, planted bug: $planted"
     [ "$(echo "$planted" | errors)" -gt 0 ] 2>/dev/null || { echo "   the planted bug was NOT found"; status=1; }
     suite=$(compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/sanitize_cases.py 2>&1 | tee "/tmp/sanitize_$tool.log" | summary)

@@ -1,9 +1,10 @@
 """Time every tensor-core tile candidate that fits this GPU, one kernel family at a time.
 
-For each head dim, the planner is restricted to one candidate tile of the family
-under test (the other families keep their default choice) and the call is timed
-(median of CUDA events, fresh inputs). The table orders the candidates by time; the
-planner's preference lists in cupyattn/plan.py are written from it.
+Which tile of a kernel family is fastest on this GPU? For each head dim, a planner
+Policy gives the family under test one candidate tile and the other family of the same
+pass none (the other passes keep their default choice), and the whole call is timed
+(median of CUDA events, fresh inputs, B=4, H=16). The table orders the candidates by
+time; the planner's tile orders are written from it. From a checkout:
 
     PYTHONPATH=. python scripts/tune_tiles.py [--dtype float16] [--precision fp32] [--causal] [--json FILE]
         [--tiles 16x128x8,32x128x8]  (only these of each family's tiles)
@@ -13,34 +14,28 @@ Families: forward, wgmma, dkdv, dkdv_wgmma, dq, dq_wgmma, fused (deterministic=F
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import cupy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cupyattn
+from cupyattn import plan as P
+from cupyattn.device import current_device
+from cupyattn.plan import Policy
+from cupyattn.testing import device_values, median_ms
 
-import cupyattn  # noqa: E402
-from cupyattn import plan as P  # noqa: E402
-from cupyattn.device import current_device  # noqa: E402
-from cupyattn.testing import device_values, median_ms  # noqa: E402
-
-FAMILIES = {  # name: (tile table attribute, config class, backward?, the other family of the pass)
-    "forward": ("FWD_MMA_TILES", P.FwdMmaConfig, False, "FWD_WGMMA_TILES"),
-    "wgmma": ("FWD_WGMMA_TILES", P.FwdWgmmaConfig, False, "FWD_MMA_TILES"),  # float32 fp32 / tf32 on sm_90
-    "dkdv": ("BWD_DKDV_MMA_TILES", P.BwdDkdvMmaConfig, True, "BWD_DKDV_WGMMA_TILES"),
-    "dkdv_wgmma": ("BWD_DKDV_WGMMA_TILES", P.BwdDkdvWgmmaConfig, True, "BWD_DKDV_MMA_TILES"),
-    "dq": ("BWD_DQ_MMA_TILES", P.BwdDqMmaConfig, True, "BWD_DQ_WGMMA_TILES"),
-    "dq_wgmma": ("BWD_DQ_WGMMA_TILES", P.BwdDqWgmmaConfig, True, "BWD_DQ_MMA_TILES"),
+FAMILIES = {  # name: (tile table, policy tile key, config class, backward?, the other family's key of the pass)
+    "forward": ("FWD_MMA_TILES", "fwd_mma", P.FwdMmaConfig, False, "fwd_wgmma"),
+    "wgmma": ("FWD_WGMMA_TILES", "fwd_wgmma", P.FwdWgmmaConfig, False, "fwd_mma"),  # float32 fp32 / tf32 on sm_90
+    "dkdv": ("BWD_DKDV_MMA_TILES", "bwd_dkdv_mma", P.BwdDkdvMmaConfig, True, "bwd_dkdv_wgmma"),
+    "dkdv_wgmma": ("BWD_DKDV_WGMMA_TILES", "bwd_dkdv_wgmma", P.BwdDkdvWgmmaConfig, True, "bwd_dkdv_mma"),
+    "dq": ("BWD_DQ_MMA_TILES", "bwd_dq_mma", P.BwdDqMmaConfig, True, "bwd_dq_wgmma"),
+    "dq_wgmma": ("BWD_DQ_WGMMA_TILES", "bwd_dq_wgmma", P.BwdDqWgmmaConfig, True, "bwd_dq_mma"),
     # dK, dV and dQ in one pass (deterministic=False; float32 fp32 / tf32 on sm_90)
-    "fused": ("BWD_FUSED_WGMMA_TILES", P.BwdFusedWgmmaConfig, True, None),
+    "fused": ("BWD_FUSED_WGMMA_TILES", "bwd_fused_wgmma", P.BwdFusedWgmmaConfig, True, None),
 }
-
-
-def _restrict(attr, tiles):
-    setattr(P, attr, tuple(tiles))
-    P.plan_forward.cache_clear()
-    P.plan_backward.cache_clear()
+# The fused pass timed at every head dim, not only where it is planned.
+FUSED_EVERYWHERE = {(m, d) for m in P.PRECISIONS for d in range(16, 257, 16)}
 
 
 def parse_tiles(text: str) -> set:
@@ -50,7 +45,8 @@ def parse_tiles(text: str) -> set:
     except ValueError:
         tiles = {()}
     if not tiles or any(len(t) != 3 for t in tiles):
-        raise SystemExit(f"--tiles: expected block_m x block_n x warps, comma-separated (e.g. 16x128x8), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected block_m x block_n x warps, comma-separated (e.g. 16x128x8), got {text!r}")
     return tiles
 
 
@@ -62,50 +58,43 @@ def main():
     parser.add_argument("--dims", default="64,128,256")
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--families", default="forward,dkdv,dq")
-    parser.add_argument("--tiles", default=None,
+    parser.add_argument("--tiles", type=parse_tiles, default=None,
                         help="block_m x block_n x warps, comma-separated: time only these listed tiles")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     B, H, S = 4, 16, args.seqlen
     spec = current_device()
-    originals = {attr: getattr(P, attr) for attr, *_ in FAMILIES.values()}  # every family's tiles
-    # The fused pass timed at every head dim, not only where it is planned.
-    P.BWD_FUSED_WHERE_FASTER = {(m, d) for m in P.PRECISIONS for d in range(16, 257, 16)}
     precision = P.parse_precision(args.precision, args.dtype)[0]
     opts = dict(causal=args.causal, precision=precision)
-    only = parse_tiles(args.tiles) if args.tiles else None
     rows = []
     for family in args.families.split(","):
-        attr, cls, backward, rival = FAMILIES[family]
-        # The other kernel family of the same pass (plan._forward_families,
-        # plan._backward_families) out of the way.
-        if rival:
-            _restrict(rival, ())
+        attr, key, cls, backward, rival = FAMILIES[family]
         for D in (int(d) for d in args.dims.split(",")):
             rng = cupy.random.default_rng(1)
             q, k, v, do = (device_values((B, S, H, D), args.dtype, rng) for _ in range(4))
-            for tile in originals[attr]:
-                if only is not None and tuple(tile) not in only:
+            for tile in getattr(P, attr):
+                if args.tiles is not None and tuple(tile) not in args.tiles:
                     continue
                 cfg = cls(args.dtype, precision, cls.head_dim_pad_for(D, *tile), *tile, args.causal)
                 if not cfg.valid or cfg.layout.total > spec.smem_per_block_optin:
                     continue
-                _restrict(attr, [tile])
+                # This tile alone for its family, the other family of the pass out of the way.
+                policy = Policy(tiles={key: [tile], **({rival: []} if rival else {})}, fused_where=FUSED_EVERYWHERE)
                 try:
                     if backward:
                         fused = family == "fused"
                         out, lse = cupyattn.attention(q, k, v, return_lse=True, **opts)
-                        ms = median_ms(lambda: cupyattn.attention_backward(do, q, k, v, out, lse,
-                                                                           deterministic=not fused, **opts),
+                        ms = median_ms(lambda: cupyattn.attention_backward(do, q, k, v, out, lse, deterministic=not fused,
+                                                                           policy=policy, **opts),
                                        repeats=10, warmup=2)
                         bplan = P.plan_backward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S,
                                                                    precision=(precision,), deterministic=not fused),
-                                                spec)
+                                                spec, policy=policy)
                         chosen = (bplan.dq if family.startswith("dq") else bplan.dkdv).config
                     else:
-                        ms = median_ms(lambda: cupyattn.attention(q, k, v, **opts), repeats=10, warmup=2)
+                        ms = median_ms(lambda: cupyattn.attention(q, k, v, policy=policy, **opts), repeats=10, warmup=2)
                         chosen = P.plan_forward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S,
-                                                                   precision=(precision,)), spec).config
+                                                                   precision=(precision,)), spec, policy=policy).config
                     assert chosen == cfg, (chosen, cfg)
                     row = dict(family=family, D=D, tile=list(tile), ms=ms, name=cfg.name_expression,
                                smem=cfg.layout.total)
@@ -113,9 +102,6 @@ def main():
                     row = dict(family=family, D=D, tile=list(tile), ms=None, error=str(exc)[:300])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-            _restrict(attr, originals[attr])
-        if rival:
-            _restrict(rival, originals[rival])
     print(f"\n{args.dtype} ({precision}) B={B} H={H} S={S} causal={args.causal}: whole-call ms "
           "(backward: delta + dK/dV + dQ), fastest first")
     for family in args.families.split(","):

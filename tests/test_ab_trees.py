@@ -1,32 +1,46 @@
-"""scripts/ab_trees.py's command lines (the timing runs on a device: BENCHMARKS.md)."""
+"""scripts/ab_trees.py without a GPU: its usage errors, and `bits --compare` on result
+files written here (the timing and the trees' results need a device)."""
 
-import sys
-from pathlib import Path
+import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-from ab_trees import build_parser, warm_commands, worker_command  # noqa: E402
+from _script_runs import script
 
 
-def test_the_warm_up_runs_every_tree_case_and_causality_once_with_one_repeat():
-    args = build_parser().parse_args(["--before", "old", "--after", "new", "--cases", "tf32:64,fp32:256",
-                                      "--causal", "both", "--seqlens", "1024,4096"])
-    jobs = warm_commands(args)
-    assert len(jobs) == 2 * 2 * 2
-    seen = set()
-    for tree, cmd in jobs:
-        worker = build_parser().parse_args(cmd[2:])  # what the worker process parses
-        assert worker.worker == tree and worker.repeats == 1 and worker.seqlens == "1024,4096"
-        seen.add((tree, worker.cases, worker.causal))
-    assert seen == {(t, c, k) for t in ("old", "new") for c in ("tf32:64", "fp32:256") for k in ("no", "yes")}
+def _compare(tmp_path, before: dict, after: dict):
+    np.savez(tmp_path / "before.npz", **before)
+    np.savez(tmp_path / "after.npz", **after)
+    return script("ab_trees.py", "bits", "--compare", str(tmp_path / "before.npz"), str(tmp_path / "after.npz"))
 
 
-def test_one_causality_warms_only_that_one():
-    args = build_parser().parse_args(["--before", "old", "--cases", "tf32:64", "--causal", "yes"])
-    assert [build_parser().parse_args(cmd[2:]).causal for _, cmd in warm_commands(args)] == ["yes", "yes"]
+def test_identical_arrays_are_the_same_nan_included(tmp_path):
+    x = np.array([1.0, np.nan, -2.5, 0.0], dtype=np.float32)
+    res = _compare(tmp_path, {"a": x}, {"a": x.copy()})
+    assert res.returncode == 0 and res.stdout.splitlines() == ["bitwise: 1 same, 0 differ"], res.stdout + res.stderr
 
 
-def test_a_timing_worker_gets_every_case_and_the_repeats():
-    args = build_parser().parse_args(["--before", "old", "--cases", "tf32:64,fp32:128", "--repeats", "7"])
-    worker = build_parser().parse_args(worker_command("new", args, args.cases, args.causal, args.repeats)[2:])
-    assert (worker.worker, worker.cases, worker.repeats, worker.causal) == ("new", "tf32:64,fp32:128", 7, "both")
+def test_one_ulp_and_the_sign_of_zero_differ(tmp_path):
+    x = np.array([1.0, 0.0], dtype=np.float32)
+    ulp, negative_zero = x.copy(), x.copy()
+    ulp[0] = np.nextafter(np.float32(1.0), np.float32(2.0))
+    negative_zero[1] = -0.0
+    res = _compare(tmp_path, {"a": x, "b": x, "c": x}, {"a": ulp, "b": negative_zero, "c": x})
+    assert res.returncode == 1
+    assert res.stdout.splitlines() == [f"DIFF a: max |before - after| {np.spacing(np.float32(1.0)):.3e}",
+                                       "DIFF b: max |before - after| 0.000e+00", "bitwise: 1 same, 2 differ"]
+
+
+def test_shape_dtype_or_a_missing_array_differ(tmp_path):
+    x = np.zeros((2, 3), dtype=np.float32)
+    res = _compare(tmp_path, {"shape": x, "dtype": x, "gone": x}, {"shape": x.reshape(3, 2), "dtype": x.astype(np.float64)})
+    assert res.returncode == 1
+    assert [line.split(":")[0] for line in res.stdout.splitlines()] == ["DIFF dtype", "DIFF gone", "DIFF shape",
+                                                                       "bitwise"]
+    assert all(line.endswith("nan") for line in res.stdout.splitlines()[:3])
+
+
+def test_a_comparison_without_before_or_with_a_tree_that_is_none_is_a_usage_error(tmp_path):
+    for command in ("time", "bits"):
+        res = script("ab_trees.py", command)
+        assert res.returncode == 2 and "--before: expected the directory of the earlier tree" in res.stderr
+        res = script("ab_trees.py", command, "--before", str(tmp_path))
+        assert res.returncode == 2 and "expected a directory with cupyattn/ and kernels/" in res.stderr

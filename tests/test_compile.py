@@ -36,7 +36,7 @@ HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
 FP32_WIDE_DIMS = tuple(range(144, 257, 16))  # 3xTF32 near 255 registers: every 16
 # Planned tiles allowed to spill (NVRTC 13.5): {(arch, name expression): (most bytes, why)}.
 # Both non-causal, found when this test took non-causal instances too
-# (scripts/planned_spills.py lists every planned tile that spills); on the H200 the
+# (scripts/spills.py planned lists every planned tile that spills); on the H200 the
 # next spill-free tile was slower (B=4, H=16, S=4096, not causal, whole-call ms).
 SPILL_ALLOWANCE: dict = {
     ("sm_90", "cupyattn::attn_fwd_mma<float, cupyattn::MmaTf32<3>, 176, 64, 32, 4, false>"): (
@@ -393,45 +393,12 @@ def test_first_callers_of_one_config_compile_once_per_device(monkeypatch):
     assert len(compiles) == 2 and other is not got[0]
 
 
-def test_wgmma_tf32_probe_compiles_for_sm_90a():
-    """scripts/wgmma_probe.py (groundwork for an sm_90a kernel family): NVRTC takes
-    wgmma.mma_async with TF32 operands for sm_90a and emits HGMMA; plain sm_90 refuses it."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import wgmma_probe
-
-    cubin = wgmma_probe.compile_cubin("sm_90a")
-    try:
-        text = cc.disassemble(cubin)
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    assert "HGMMA.64x64x8.F32.TF32" in text
-    with pytest.raises(cc.CompileError):
-        wgmma_probe.compile_cubin("sm_90")
-
-
-def test_wgmma_rate_probe_compiles_each_width_for_sm_90a():
-    """scripts/wgmma_rate.py (the TF32 wgmma ceiling by tile width): one kernel per width
-    and A source, each an HGMMA of its width, without local memory."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import wgmma_rate
-
-    cubin, lowered = wgmma_rate.compile_cubin()
-    assert sorted(lowered) == sorted(wgmma_rate.names()) and len(lowered) == 2 * len(wgmma_rate.WIDTHS)
-    try:
-        text = cc.disassemble(cubin)
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    for n in wgmma_rate.WIDTHS:
-        assert f"HGMMA.64x{n}x8.F32.TF32" in text
-    assert "LDL" not in text and "STL" not in text
-
-
 WGMMA_DESC_CHECK = r"""
 #include "wgmma.cuh"
 // Every 16-byte aligned base below 2^18 (shared addresses stay below) with offsets
 // that keep the sum below it: wgmma_desc(base, offset) is the descriptor of the
-// whole address as scripts/wgmma_probe.py builds it (masked, shifted, or'ed; measured
-// on the H200).
+// whole address: the PTX ISA's matrix descriptor of address >> 4, leading byte offset
+// R / 8 x 128 and stride byte offset 128 (each >> 4).
 template <int R>
 __device__ constexpr bool base_plus_offset_is_the_whole_address() {
     constexpr unsigned offsets[] = {0, 16, 128, R * 16, R * 32 + 16, 4096, 65536, 131072 + 48, 262128};
@@ -454,8 +421,8 @@ static_assert(base_plus_offset_is_the_whole_address<256>(), "R = 256");
 
 def test_wgmma_descriptor_of_a_base_plus_offset_is_that_of_the_whole_address():
     """wgmma_desc adds a k-step's offset to a base descriptor (one add a wgmma); for every
-    aligned shared address it equals the descriptor built from the whole address, as
-    the probe measured it (a static_assert over all of them, compiled by NVRTC)."""
+    aligned shared address it equals the descriptor built from the whole address (a
+    static_assert over all of them, compiled by NVRTC)."""
     nvrtc = cc._Nvrtc.for_arch("sm_90")
     prog = nvrtc.create_program(WGMMA_DESC_CHECK, "wgmma_desc_check.cu")
     try:
