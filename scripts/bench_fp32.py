@@ -1,56 +1,40 @@
-"""float32 inputs (issue 6): each precision mode of cupyattn next to torch SDPA's float32
-path (its memory-efficient backend, the one that takes float32), same process, same GPU,
-with each mode's measured error.
+"""How fast and how accurate is each float32 precision mode, next to torch's float32 attention?
 
-Times: as scripts/bench.py (median of CUDA-event timings, B=4, H=16, fresh random
-inputs). Errors: max |out - float64 reference| over 64 sampled query rows of every
-head (B=1, H=16; forward), and over all of dq, dk, dv (B=1, H=4, S = 1024;
-backward); next to them the same for a float32 NumPy reference ("numpy f32") and
-for cupyattn's CUDA-core (FFMA) kernels, which GPUs without tensor cores run. Targets (issue 6, S = 4096): "fp32" >= 1.5x torch, "tf32" >= 3x.
+Each precision mode of cupyattn ("fp32" 3xTF32, "tf32", "bf16" and "fp16" staging) next to
+torch SDPA's float32 path (its memory-efficient backend, the one that takes float32), same
+process, same GPU, with each mode's measured error.
+
+Times: as scripts/bench.py (median of CUDA-event timings, B=4, H=16, fresh random inputs).
+Errors: max |out - float64 reference| over 64 sampled query rows of every head (B=1, H=16;
+forward), and over all of dq, dk, dv (B=1, H=4, S <= 1024; backward); next to them the same
+for a float32 NumPy reference ("numpy f32") and for cupyattn's CUDA-core (FFMA) kernels,
+which GPUs without tensor cores run. Targets at S = 4096: "fp32" >= 1.5x torch, "tf32" >= 3x.
 
     PYTHONPATH=. python scripts/bench_fp32.py [--dims 64,128,256] [--seqlens 1024,4096]
         [--pass fwd,bwd] [--nondeterministic] [--json FILE]
 
 --nondeterministic times and checks the backward with deterministic=False (dQ added by
-float32 atomics where the planner fuses it into the dK/dV pass: plan.BwdFusedWgmmaConfig).
+float32 atomics where the planner fuses it into the dK/dV pass).
 """
 
 import argparse
-import contextlib
 import json
-import sys
 from pathlib import Path
 
 import cupy
 import numpy as np
+from bench import bench_cupyattn, bench_torch, flops  # this script's folder is on sys.path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import cupyattn  # noqa: E402
-from bench import bench_cupyattn, bench_torch, flops  # noqa: E402
-from cupyattn import plan as P  # noqa: E402
-from cupyattn import testing  # noqa: E402
-from cupyattn.plan import PRECISIONS  # noqa: E402
-from cupyattn.reference import attention_backward_reference, attention_reference  # noqa: E402
+import cupyattn
+from cupyattn import testing
+from cupyattn.plan import PRECISIONS, Policy
+from cupyattn.reference import attention_backward_reference, attention_reference
 
 TARGETS = {"fp32": 1.5, "tf32": 3.0}
 B, H = 4, 16
 
 
-@contextlib.contextmanager
-def _cuda_cores_only():
-    """Plans without tensor cores (for the FFMA kernels' error next to the others)."""
-    eligible = P.mma_eligible
-    P.mma_eligible = lambda problem, device: False
-    P.plan_forward.cache_clear()
-    P.plan_backward.cache_clear()
-    try:
-        yield
-    finally:
-        P.mma_eligible = eligible
-        P.plan_forward.cache_clear()
-        P.plan_backward.cache_clear()
+CUDA_CORES_ONLY = Policy(families={"simt"})  # the FFMA kernels, as GPUs without tensor cores run "fp32"
 
 
 def errors(S, D, causal, backward, rng, deterministic=True):
@@ -72,10 +56,9 @@ def errors(S, D, causal, backward, rng, deterministic=True):
         return float(np.abs(np.asarray(got, np.float64)[:, rows] - want).max())
 
     result = {"numpy f32": err(ref32, ref) if backward else float(np.abs(ref32 - ref).max())}
-    with _cuda_cores_only():  # the FFMA kernels, as GPUs without tensor cores run "fp32"
-        out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True)
-        got = cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal) if backward else out
-        result["ffma"] = err([x.get() for x in got] if backward else got.get(), ref)
+    out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, policy=CUDA_CORES_ONLY)
+    got = cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, policy=CUDA_CORES_ONLY) if backward else out
+    result["ffma"] = err([x.get() for x in got] if backward else got.get(), ref)
     for mode in PRECISIONS:
         out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, precision=mode)
         got = cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=mode,
