@@ -19,7 +19,6 @@ from pathlib import Path
 
 import cupy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cupyattn  # noqa: E402
 from cupyattn.testing import device_values, median_ms, peak_allocation_hook  # noqa: E402

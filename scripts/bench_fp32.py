@@ -24,8 +24,6 @@ from pathlib import Path
 import cupy
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cupyattn  # noqa: E402
 from bench import bench_cupyattn, bench_torch, flops  # noqa: E402
