@@ -18,7 +18,6 @@ float32 atomics where the planner fuses it into the dK/dV pass: plan.BwdFusedWgm
 import argparse
 import contextlib
 import json
-import sys
 from pathlib import Path
 
 import cupy
