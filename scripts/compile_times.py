@@ -1,4 +1,5 @@
-"""Cold and warm compile times of the configurations this GPU uses.
+"""What does a first call pay to compile? Cold and warm compile times of the
+configurations this GPU uses.
 
 Cold: a fresh, empty CuPy disk cache (NVRTC runs for every configuration).
 Warm: a new process reading the same disk cache (what a second run of a

@@ -1,10 +1,13 @@
-"""Capability check on the current GPU (if any) and on every named GPU.
+"""What fits where: the planner's capability check on the current GPU (if any) and on
+every named GPU.
 
 Writes a JSON file with every row (buffers, rejected candidates, compiled
 resources with --compile) and Markdown reports; the named-device Markdown is
 committed as docs/capabilities.md and tests/test_explain.py checks it is current.
 
     PYTHONPATH=. python scripts/device_caps.py [--compile] [--out-dir DIR]
+
+(from a checkout; with the package installed, without PYTHONPATH).
 """
 
 import argparse
@@ -13,10 +16,8 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from cupyattn.device import NAMED_DEVICES  # noqa: E402
-from cupyattn.explain import capabilities, named_devices_markdown  # noqa: E402
+from cupyattn.device import NAMED_DEVICES
+from cupyattn.explain import capabilities, named_devices_markdown
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -4,31 +4,20 @@ tiles only), at several sequence lengths: where does wgmma stop paying?
     PYTHONPATH=. python scripts/families.py [--pass fwd|bwd] [--dims 64] [--seqlens 512,1024,2048,4096]
         [--batch 4] [--wgmma-from ROWS]
 
+The wgmma kernels are taken away by a planner Policy (families mma.sync and SIMT).
 --wgmma-from: plan the backward's wgmma tiles first from this many streamed rows
-(plan.WGMMA_BACKWARD_MIN_ROWS) instead, so that "as planned" is wgmma below it too.
+(Policy.wgmma_backward_min_rows) instead, so that "as planned" is wgmma below it too.
 """
 
 import argparse
-import sys
-from pathlib import Path
 
 import cupy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import cupyattn  # noqa: E402
-from cupyattn import plan as P  # noqa: E402
-from cupyattn.device import current_device  # noqa: E402
-from cupyattn.testing import device_values, median_ms  # noqa: E402
-
-TABLES = {"fwd": ("FWD_WGMMA_TILES",), "bwd": ("BWD_DKDV_WGMMA_TILES", "BWD_DQ_WGMMA_TILES")}
-
-
-def _tables(names, values):
-    for name, value in zip(names, values):
-        setattr(P, name, value)
-    P.plan_forward.cache_clear()
-    P.plan_backward.cache_clear()
+import cupyattn
+from cupyattn import plan as P
+from cupyattn.device import current_device
+from cupyattn.plan import Policy
+from cupyattn.testing import device_values, median_ms
 
 
 def main():
@@ -40,12 +29,10 @@ def main():
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--wgmma-from", type=int, default=None)
     args = parser.parse_args()
-    if args.wgmma_from is not None:
-        P.WGMMA_BACKWARD_MIN_ROWS = args.wgmma_from
+    thresholds = {} if args.wgmma_from is None else {"wgmma_backward_min_rows": args.wgmma_from}
+    policies = (Policy(**thresholds), Policy(families={"mma", "simt"}, **thresholds))  # as planned, mma.sync only
     B, H = args.batch, 16
     spec = current_device()
-    names = TABLES[args.pass_]
-    tables = tuple(getattr(P, n) for n in names)
     print(f"{args.pass_}, B={B}, H={H}\n| mode | D | S | causal | as planned ms | kernels | mma.sync only ms | ratio |\n"
           "|---|---|---|---|---|---|---|---|")
     for precision in args.precisions.split(","):
@@ -55,23 +42,22 @@ def main():
                 q, k, v, do = (device_values((B, S, H, D), "float32", rng) for _ in range(4))
                 for causal in (False, True):
                     opts = dict(causal=causal, precision=precision)
-                    if args.pass_ == "fwd":
-                        call = lambda: cupyattn.attention(q, k, v, **opts)  # noqa: E731
-                    else:
-                        out, lse = cupyattn.attention(q, k, v, return_lse=True, **opts)
-                        call = lambda: cupyattn.attention_backward(do, q, k, v, out, lse, **opts)  # noqa: E731
                     times, kernels = [], None
-                    for mma_only in (False, True):
-                        _tables(names, ((),) * len(names) if mma_only else tables)
+                    for policy in policies:
+                        if args.pass_ == "fwd":
+                            call = lambda: cupyattn.attention(q, k, v, policy=policy, **opts)  # noqa: E731
+                        else:
+                            out, lse = cupyattn.attention(q, k, v, return_lse=True, **opts)
+                            call = lambda: cupyattn.attention_backward(do, q, k, v, out, lse,  # noqa: E731
+                                                                       policy=policy, **opts)
                         if kernels is None:
                             problem = P.AttentionProblem("float32", D, D, causal, B, H, H, S, S,
                                                          precision=(precision,))
-                            plans = ((P.plan_forward(problem, spec),) if args.pass_ == "fwd"
-                                     else P.plan_backward(problem, spec).plans)
+                            plans = ((P.plan_forward(problem, spec, policy=policy),) if args.pass_ == "fwd"
+                                     else P.plan_backward(problem, spec, policy=policy).plans)
                             kernels = "+".join("wgmma" if isinstance(p.config, P.WgmmaConfig) else "mma"
                                                for p in plans)
                         times.append(median_ms(call, repeats=10, warmup=2))
-                    _tables(names, tables)
                     print(f"| {precision} | {D} | {S} | {causal} | {times[0]:.3f} | {kernels} | {times[1]:.3f} | "
                           f"{times[1] / times[0]:.2f}x |", flush=True)
 

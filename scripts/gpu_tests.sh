@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: the self-check, then the GPU tests (parallel compiles), logs under $OUT.
+# The GPU test run: the self-check, then the GPU tests (parallel compiles), logs under $OUT.
 # Usage on the GPU machine, from the checkout: bash scripts/gpu_tests.sh [pytest args]
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 CUPY_CACHE_DIR="$PWD/.cupy_cache"

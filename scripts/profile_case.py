@@ -1,26 +1,21 @@
-"""One forward and one backward at a chosen shape, after a warm-up pair: a target for Nsight Compute.
+"""Where does one case's kernel time go? One forward and one backward at a chosen shape,
+after a warm-up pair: a target for Nsight Compute. Prints the planned kernels' names.
 
 The warm-up pair compiles and loads every kernel, so the profiler sees the second
-pair only (skip the warm-up launches with --launch-skip). On the GPU machine:
+pair only (skip the warm-up launches with --launch-skip). On a GPU machine, from a
+checkout:
 
-    ncu --clock-control none -k 'regex:attn_(fwd|bwd_dkdv|bwd_dq)_(mma|wgmma)' --launch-skip 3 \\
-        --launch-count 3 --section SpeedOfLight --section WarpStateStats \\
+    PYTHONPATH=. ncu --clock-control none -k 'regex:attn_(fwd|bwd_dkdv|bwd_dq)_(mma|wgmma)' \\
+        --launch-skip 3 --launch-count 3 --section SpeedOfLight --section WarpStateStats \\
         python3 scripts/profile_case.py --dim 128 --seqlen 4096
-
-With `--set full -o REPORT`, `scripts/sass_mix.py` sums the report's SASS page
-(instructions executed and stall samples) by opcode and lists the hottest instructions.
 """
 
 import argparse
-import sys
-from pathlib import Path
 
 import cupy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import cupyattn  # noqa: E402
-from cupyattn import testing  # noqa: E402
+import cupyattn
+from cupyattn import testing
 
 
 def main():

@@ -7,4 +7,4 @@ def test_a_malformed_tile_names_the_option_and_what_it_got():
     for text in ("16-128-8", "16x128", ","):
         res = script("tune_tiles.py", "--tiles", text)
         assert res.returncode == 2, res.stdout + res.stderr
-        assert f"argument --tiles: expected block_m x block_n x warps" in res.stderr and repr(text) in res.stderr
+        assert "argument --tiles: expected block_m x block_n x warps" in res.stderr and repr(text) in res.stderr
