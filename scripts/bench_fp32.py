@@ -23,7 +23,7 @@ from pathlib import Path
 
 import cupy
 import numpy as np
-from bench import bench_cupyattn, bench_torch, flops  # this script's folder is on sys.path
+from bench import bench_cupyattn, bench_torch, flops  # bench.py, beside this script
 
 import cupyattn
 from cupyattn import testing
