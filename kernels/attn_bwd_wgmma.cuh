@@ -9,9 +9,6 @@
 // K-major, so the operand that a product reduces over its rows (Q and dO for dK and
 // dV, K for dQ) is staged a second time, transposed, in the k order of the register
 // A operand that P^T, dS^T or dS becomes (slots permuted within 8, wgmma_tiles.cuh),
-// except where a producer warpgroup (PRODUCER: "fp32" at the widest head dims) makes
-// the transposed tiles in shared memory from the row tiles it copies (ROWS_STAGED: a
-// third to half fewer bytes staged, copied and read from L2; measured slower, not planned).
 //
 // attn_bwd_dkdv_wgmma: a block owns BLOCK_N keys of one key/value head, 64 per
 //   warpgroup, or 64 per pair of warpgroups that each keep half of dK's and dV's
@@ -50,8 +47,6 @@
 //                      [dO^T: ...], [lse * log2(e): BLOCK_M], [delta: BLOCK_M]   a query tile as
 //                      stage_queries_tf32 writes it (transposed: query slots permuted);
 //                      where one stage does not fit (RING): [3][one operand tile, lse, delta]
-//                      (ROWS_STAGED: Q and dO copied from [Q | dO | lse | delta] staged tiles,
-//                      Q^T and dO^T, with lse and delta, made by the producer warpgroup)
 //   barriers   [STAGES], one stage: [2], ring: [3]   mbarrier  (a stage, one stage's two halves:
 //                      Q, dO | the rest, or a ring slot; PRODUCER: [3] more, a slot is free)
 // (plan.BwdFusedWgmmaConfig.layout: k_tile, v_tile, then
@@ -63,8 +58,6 @@
 //   kv_tiles   [STAGES][K: PARTS][BLOCK_N x D_PAD], [V: PARTS][BLOCK_N x D_PAD],
 //                      [K^T: PARTS][D_PAD x BLOCK_N]   float  a key tile as stage_keys_tf32<..., true>
 //                                                             writes it, copied whole (cp.async.bulk)
-//                      (ROWS_STAGED: K and V copied from [K | V] staged tiles, K^T made from K
-//                      by the producer warpgroup)
 //   barriers   [STAGES], one stage: [2]   mbarrier  (a stage, or one stage's parts: K, V | K^T;
 //                      PRODUCER: [2] more, a part is free)
 // STAGES = 2 where that fits in sm_90's 232448 bytes, else 1.
@@ -79,9 +72,7 @@ namespace cupyattn {
 
 // PRODUCER: the ring, and a producer warpgroup that issues its copies as the consumers
 // free its slots (dkdv_wgmma): three "free" mbarriers after the three "landed" ones.
-// ROWS_ONLY (with PRODUCER): the staged query tiles hold the row tiles only, and the
-// producer warpgroup makes the transposed ones (ROWS_STAGED below).
-template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, bool PRODUCER = false, bool ROWS_ONLY = false>
+template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, bool PRODUCER = false>
 struct BwdDkdvWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
     static constexpr int TILE_N = PARTS * BLOCK_N * D_PAD * 4, TILE_M = PARTS * BLOCK_M * D_PAD * 4;
@@ -109,21 +100,11 @@ struct BwdDkdvWgmmaLayout {
     static constexpr int ROWS_HALF = 2 * TILE_M;  // Q and dO: the bytes of a stage's first half
     static_assert(!PRODUCER || RING, "a producer warpgroup for the ring");
     static constexpr bool HAS_PRODUCER = PRODUCER;
-    // ROWS_ONLY: the staged query tiles hold [Q | dO | lse | delta] only
-    // (stage_queries_tf32<..., false>): the producer's first warp copies dO (with lse and
-    // delta) and Q into the ring, its other three make dO^T and Q^T there from them
-    // (transpose_row_tile), so that half the bytes are staged, copied and read from L2
-    // (scripts/copy_probe.py: halving the copies' bytes took 4-6% off the causal "fp32"
-    // D=256 backward, twenty-fourth session). Measured 1.9-2.1x as long on the H200: the
-    // three transposer warps do not keep up (Q^T waits for the swap), so not planned
-    // (plan.BwdDkdvWgmmaConfig.rows_staged).
-    static_assert(!ROWS_ONLY || PRODUCER, "the producer warpgroup makes the transposed tiles");
-    static constexpr bool ROWS_STAGED = ROWS_ONLY;
-    static constexpr int STAGED_BYTES = ROWS_STAGED ? 2 * TILE_M + ROWWISE_BYTES : STAGE_BYTES;  // global, a tile
+    static constexpr int STAGED_BYTES = STAGE_BYTES;  // global, a tile
     // 3xTF32 16-query tiles with K and V as words: Q's and dO's row tiles staged with their
     // parts as rows (stage_queries_tf32<..., true>), the B operands of words_by_rows'
     // PARTS_AS_ROWS score products (n32 where n16 ran).
-    static constexpr bool SCORE_PARTS_AS_ROWS = PARTS == 2 && BLOCK_M == 16 && KV_IN_REGISTERS && !ROWS_STAGED;
+    static constexpr bool SCORE_PARTS_AS_ROWS = PARTS == 2 && BLOCK_M == 16 && KV_IN_REGISTERS;
     static constexpr int BARRIER_COUNT = RING ? (PRODUCER ? 2 : 1) * RING_SLOTS : SPLIT_STAGE ? 2 : STAGES;
     static constexpr int k_tile = 0;
     static constexpr int v_tile = k_tile + TILE_KV;
@@ -143,7 +124,7 @@ struct BwdFusedWgmmaLayout {
     static constexpr bool KV_IN_REGISTERS = false;  // K's core-matrix tile is transposed into K^T
     static constexpr int STAGE_BYTES = Dkdv::STAGE_BYTES;
     static constexpr bool RING = false;  // (no tile that needs it fits beside K^T)
-    static constexpr bool HAS_PRODUCER = false, ROWS_STAGED = false, SCORE_PARTS_AS_ROWS = false;
+    static constexpr bool HAS_PRODUCER = false, SCORE_PARTS_AS_ROWS = false;
     static constexpr int STAGED_BYTES = STAGE_BYTES;
     static constexpr int ROWWISE_BYTES = Dkdv::ROWWISE_BYTES, RING_SLOTS = Dkdv::RING_SLOTS,
                          RING_SLOT = Dkdv::RING_SLOT;
@@ -165,9 +146,7 @@ struct BwdFusedWgmmaLayout {
 
 // PRODUCER: one stage, and a producer warpgroup that issues its copies as the consumers free
 // its parts (attn_bwd_dq_wgmma): two "free" mbarriers after the two "landed" ones.
-// ROWS_ONLY (with PRODUCER): the staged key tiles hold K and V only, and the producer
-// warpgroup makes K^T (ROWS_STAGED below).
-template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, bool PRODUCER = false, bool ROWS_ONLY = false>
+template <typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, bool PRODUCER = false>
 struct BwdDqWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
     // 3xTF32 from head dim 128: Q and dO kept once as float32 in each lane's register A
@@ -183,16 +162,10 @@ struct BwdDqWgmmaLayout {
     static constexpr bool SPLIT_STAGE = STAGES == 1;
     static constexpr int KV_PART_BYTES = 2 * TILE_N;  // K and V: the bytes of a stage's first part
     static_assert(!PRODUCER || SPLIT_STAGE, "a producer warpgroup for one stage's two parts");
-    // ROWS_ONLY: the staged key tiles hold [K | V] only (stage_keys_tf32<..., true, false>):
-    // the producer's first warp copies them, its other three make K^T in the stage from K
-    // (transpose_row_tile): a third fewer bytes staged, copied and read from L2. Measured
-    // slower ("fp32" D=192 backward +23..31%), so not planned (plan.BwdDqWgmmaConfig.rows_staged).
-    static_assert(!ROWS_ONLY || PRODUCER, "the producer warpgroup makes the transposed tile");
-    static constexpr bool ROWS_STAGED = ROWS_ONLY;
-    static constexpr int STAGED_BYTES = ROWS_STAGED ? KV_PART_BYTES : STAGE_BYTES;  // global, a tile
+    static constexpr int STAGED_BYTES = STAGE_BYTES;  // global, a tile
     // 3xTF32 16-key tiles with Q and dO as words: K's and V's row tiles staged with their
     // parts as rows (stage_keys_tf32<..., true, true, true>), as dK/dV's query tiles.
-    static constexpr bool SCORE_PARTS_AS_ROWS = PARTS == 2 && BLOCK_N == 16 && Q_IN_REGISTERS && !ROWS_STAGED;
+    static constexpr bool SCORE_PARTS_AS_ROWS = PARTS == 2 && BLOCK_N == 16 && Q_IN_REGISTERS;
     static constexpr int BARRIER_COUNT = SPLIT_STAGE ? (PRODUCER ? 4 : 2) : STAGES;
     static constexpr int q_tile = 0;
     static constexpr int do_tile = q_tile + TILE_M;
@@ -370,7 +343,6 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
 
     // (not warp_uniform_index in the fused pass, which then spilled 12-168 bytes at
     // admitted tiles: rule_audit.py --admitted)
-    // clock block: entry
     const int warp = FUSED ? int(threadIdx.x / 32) : warp_uniform_index();
     const int wg = warp / 4;
     const int key_wg = wg / D_SPLIT, col0 = wg % D_SPLIT * D_WG;  // its 64 keys, its first dK/dV column
@@ -437,10 +409,9 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         constexpr int TILE_M = L::TILE_M;
         const int from = r == 0 ? TILE_M : r == 1 ? 0 : r == 2 ? 3 * TILE_M : 2 * TILE_M;  // in the staged tile
         const int i = 4 * item + r;
-        // lse and delta come with dO^T, or (ROWS_STAGED: after dO in the staged tile) with dO
-        const bool rowwise = r == (L::ROWS_STAGED ? 0 : 2);
+        // lse and delta come with dO^T
         bulk_copy_to_shared(ring_slot(i), staged + at.tile * L::STAGED_BYTES + from,
-                            rowwise ? TILE_M + L::ROWWISE_BYTES : TILE_M, &barriers[i % L::RING_SLOTS]);
+                            r == 2 ? TILE_M + L::ROWWISE_BYTES : TILE_M, &barriers[i % L::RING_SLOTS]);
     };
     auto ring_wait = [&](int item, int r) {
         const int i = 4 * item + r;
@@ -449,16 +420,11 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // PRODUCER: ring_free[s] completes a phase when every consumer warp is done with the
     // tile in slot s (ring tile i's the (i / 3)-th).
     unsigned long long* const ring_free = barriers + L::RING_SLOTS;
-    // L::ROWS_STAGED: the producer's three transposer warps arrive at every "free" phase
-    // too (done with the dO or Q they read, or at once for a tile they made).
-    constexpr int TRANSPOSERS = L::ROWS_STAGED ? 3 : 0;
-    init_mbarriers<PRODUCER ? L::RING_SLOTS : L::BARRIER_COUNT, PRODUCER ? L::RING_SLOTS : 0,
-                   NUM_WARPS + TRANSPOSERS>(barriers);
+    init_mbarriers<PRODUCER ? L::RING_SLOTS : L::BARRIER_COUNT, PRODUCER ? L::RING_SLOTS : 0, NUM_WARPS>(barriers);
     ItemAt at{group - 1, m_tiles - 1, (long long)(group - 1) * n_q_tiles + m_tiles - 1};  // item's (item 0's)
     if constexpr (PRODUCER) {
         // As attn_bwd_dq_wgmma's producer: registers to the consumers (128 x 40 + 256 x
-        // 232 = 384 x 168), every ring tile fetched (or, L::ROWS_STAGED, made) once the
-        // tile three before it is free.
+        // 232 = 384 x 168), every ring tile fetched once the tile three before it is free.
         if (warp >= NUM_WARPS) {
             asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
             auto free_wait = [&](int i) {
@@ -468,39 +434,11 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
                 if (lane == 0) {
                     ItemAt fetched = at;
                     for (int item = 0; item < n_items; ++item, fetched = after(fetched))
-                        for (int r = 0; r < (L::ROWS_STAGED ? 2 : 4); ++r) {  // ROWS_STAGED: dO, Q
+                        for (int r = 0; r < 4; ++r) {
                             free_wait(4 * item + r);
                             ring_fetch(item, fetched, r);
                         }
                 }
-            } else if constexpr (L::ROWS_STAGED) {
-                // The other three warps make dO^T (with lse and delta) from dO's slot, then
-                // Q^T from Q's, each once its source has landed and its own slot is free,
-                // and complete its slot's "landed" phase by one arrival. Q^T's slot is dO's
-                // (tile 4 item + 3 after 4 item): the pair writes its swap there too, once
-                // these warps are done reading dO (named barrier 8), and Q's slot stays as
-                // it is until Q^T is made.
-                static_assert(2 * 128 * M_BLOCKS * 16 <= L::TILE_M, "the pair's swap fits in dO's slot");
-                const int transposer = warp - NUM_WARPS - 1;
-                for (int item = 0; item < n_items; ++item)
-                    for (int r = 2; r < 4; ++r) {
-                        const int i = 4 * item + r, from = i - 2;
-                        mbarrier_wait(&barriers[from % L::RING_SLOTS], from / L::RING_SLOTS % 2);
-                        free_wait(i);
-                        transpose_row_tile<L::PARTS, BLOCK_M, D_PAD, TRANSPOSERS>(
-                            reinterpret_cast<float*>(ring_slot(i)), reinterpret_cast<const float*>(ring_slot(from)),
-                            transposer, lane);
-                        if (r == 2)  // lse * log2(e) and delta, after dO as after dO^T
-                            for (int j = transposer * 32 + lane; j < 2 * BLOCK_M; j += TRANSPOSERS * 32)
-                                reinterpret_cast<float*>(ring_slot(i) + L::TILE_M)[j] =
-                                    reinterpret_cast<const float*>(ring_slot(from) + L::TILE_M)[j];
-                        fence_proxy_async();
-                        named_barrier_sync(7, TRANSPOSERS * 32);  // the tile is made
-                        if (transposer == 0 && lane == 0) mbarrier_arrive(&barriers[i % L::RING_SLOTS]);
-                        if (r == 2) named_barrier_arrive(8, THREADS + TRANSPOSERS * 32);  // done with dO
-                        mbarrier_arrive_warp(&ring_free[from % L::RING_SLOTS]);
-                        mbarrier_arrive_warp(&ring_free[i % L::RING_SLOTS]);
-                    }
             }
             return;
         }
@@ -560,9 +498,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     fence_proxy_async();
     consumers_barrier();  // K's and V's TF32 tiles (and K^T) written (and visible to wgmma)
 
-    // clock phases: begin
     for (int item = 0; item < n_items; ++item) {
-        // clock phase: loop
         if (item > 0) at = after(at);  // (inside the block below it changed the fused kernels' SASS: unmeasured)
         if (!PRODUCER && item > 0) {
             // Every warpgroup is done with the last item's stage (one stage: its second
@@ -577,7 +513,6 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
                 if (threadIdx.x == 0 && item - 1 + STAGES < n_items) fetch(item - 1 + STAGES, after(at));
             }
         }
-        // clock phase: top barrier and fetch
         const int m0 = m_begin + at.m * BLOCK_M;
         // A warpgroup whose keys are all past the end or after every query's diagonal
         // has nothing to add (uniform per warpgroup, as wgmma needs). With one stage it
@@ -609,31 +544,21 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             // tile it has just used (Q's, dO's) and reads the other's back.
             const int product = wg % 2;  // 0: S^T, 1: dP^T
             float own[M_BLOCKS][4];
-            // S^T over Q's tile, dP^T over dO's; L::ROWS_STAGED, both over dO's (Q's is read
-            // again, for Q^T), once the producer's transposers are done with it.
-            float4* const swap[2] = {
-                reinterpret_cast<float4*>(L::ROWS_STAGED ? ring_slot(4 * item) + 128 * M_BLOCKS * 16
-                                          : L::RING      ? ring_slot(4 * item + 1)
-                                                         : tiles),
-                reinterpret_cast<float4*>(L::RING ? ring_slot(4 * item) : tiles + L::TILE_M)};
+            // S^T over Q's tile, dP^T over dO's.
+            float4* const swap[2] = {reinterpret_cast<float4*>(L::RING ? ring_slot(4 * item + 1) : tiles),
+                                     reinterpret_cast<float4*>(L::RING ? ring_slot(4 * item) : tiles + L::TILE_M)};
             if constexpr (L::RING) {
                 // Each warpgroup waits for its operand's tile only; its next wait on the
                 // other's barrier comes after the __syncthreads below, so after that
                 // tile's phase has completed (a parity wait must not skip a phase).
-                // (ROWS_STAGED: S^T's next wait on dO's slot is for Q^T, its next phase,
-                // which the transposers start only once the swap is read: the same.)
                 ring_wait(item, product == 0 ? 1 : 0);
-                // clock phase: ring wait
             } else {
                 mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (item / STAGES) % 2);
             }
             one_of_two_products<PASSES, L::KV_IN_REGISTERS, BLOCK_M, K_STEPS, BLOCK_N, BLOCK_M, SCORE_DEPTH,
                                 L::SCORE_PARTS_AS_ROWS>(
                 own, product, {k_words, v_words}, {k_addr, v_addr}, KV_PART * 4, {q_addr, do_addr}, Q_PART * 4);
-            // clock phase: score product
-            swap_pair_products<M_BLOCKS, PRODUCER ? THREADS : 0, L::ROWS_STAGED ? THREADS + TRANSPOSERS * 32 : 0>(
-                sdp, own, swap, product, warp % 4, lane);
-            // clock phase: swap
+            swap_pair_products<M_BLOCKS, PRODUCER ? THREADS : 0>(sdp, own, swap, product, warp % 4, lane);
             if constexpr (PRODUCER) {
                 ring_done(4 * item);  // dO's and Q's slots (the swap's too): read
                 ring_done(4 * item + 1);
@@ -680,7 +605,6 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             if (idle) continue;
             mbarrier_wait(&barriers[1], item % 2);
         }
-        // clock phase: barrier, fetches, wait for dO^T
         const bool needs_mask = m0 + BLOCK_M > seqlen_q || key0 + 16 > seqlen_k ||
                                 (CAUSAL && key0 + 15 > m0 + causal_offset);
         // lse and delta of this lane's query columns (2t, 2t + 1 of each 8), read first; P^T
@@ -705,11 +629,9 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         Tf32Words<PASSES, 4> a[2][M_BLOCKS];  // P^T and dS^T as register A operands
         a_words(a[0], sdp[0]);
         a_words(a[1], sdp[1]);
-        // clock phase: softmax and split
         if constexpr (L::RING) {
             regs_by_transposed<PASSES, 1, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(just_one(acc[0]), just_one(a[0]), {dot_addr},
                                                                          Q_PART * 4);
-            // clock phase: dV
             // Every warpgroup that adds is done with dO^T (the idle ones, which skip dV and
             // dK, are the last: their keys come after the others'), so the next item's Q
             // may take its slot.
@@ -722,11 +644,9 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
                 if (threadIdx.x == 0 && item + 1 < n_items) ring_fetch(item + 1, after(at), 1);
             }
             ring_wait(item, 3);
-            // clock phase: barrier, fetch, wait for Q^T
             regs_by_transposed<PASSES, 1, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(just_one(acc[1]), just_one(a[1]), {qt_addr},
                                                                          Q_PART * 4);
             if constexpr (PRODUCER) ring_done(4 * item + 3);  // Q^T's slot: read
-            // clock phase: dK
         } else if constexpr (!FUSED) {
             regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(acc, a, {dot_addr, qt_addr}, Q_PART * 4);
         } else {
@@ -756,8 +676,6 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         }
     }
 
-    // clock phase: loop
-    // clock phases: end
     const long long at_k = b * dk_sb + h_kv * dk_sh + key0 * dk_ss + col0;
     const long long at_v = b * dv_sb + h_kv * dv_sh + key0 * dv_ss + col0;
     store_wg_acc<CHUNKS, CN>(dk + at_k, dk_ss, acc[1], scale, seqlen_k - key0, head_dim - col0, lane);
@@ -791,16 +709,14 @@ __host__ __device__ constexpr bool dkdv_producer_warp() {
 }
 
 // q, dout, lse and delta stay in the launch signature every dK/dV kernel shares (Q, dO,
-// lse and delta come through q_staged). ROWS_ONLY: q_staged holds Q, dO, lse and delta
-// only, and the producer warpgroup makes Q^T and dO^T (BwdDkdvWgmmaLayout::ROWS_STAGED).
-template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL,
-          bool ROWS_ONLY = false>
+// lse and delta come through q_staged).
+template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
 __global__ void __launch_bounds__(NUM_WARPS * 32 + (dkdv_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>() ? 128 : 0), 1)
 attn_bwd_dkdv_wgmma(CUPYATTN_DKDV_WGMMA_PARAMS) {
     static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dkdv_mma does)");
     constexpr bool PRODUCER = dkdv_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>();
-    dkdv_wgmma<BwdDkdvWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N, PRODUCER, ROWS_ONLY>, false, Op, D_PAD, BLOCK_M,
-               BLOCK_N, NUM_WARPS, CAUSAL>(CUPYATTN_DKDV_WGMMA_ARGS, DqAtomics{nullptr, 0, 0, 0});
+    dkdv_wgmma<BwdDkdvWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N, PRODUCER>, false, Op, D_PAD, BLOCK_M, BLOCK_N,
+               NUM_WARPS, CAUSAL>(CUPYATTN_DKDV_WGMMA_ARGS, DqAtomics{nullptr, 0, 0, 0});
 }
 
 // dK, dV and dQ in one pass (deterministic=False): dK/dV's launch, plus dq (zeroed
@@ -828,10 +744,7 @@ __host__ __device__ constexpr bool dq_producer_warp() {
     return BwdDqWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N>::SPLIT_STAGE && 16 * NUM_WARPS / BLOCK_M == 2;
 }
 
-// ROWS_ONLY: kv_staged holds K and V only, and the producer warpgroup makes K^T
-// (BwdDqWgmmaLayout::ROWS_STAGED).
-template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL,
-          bool ROWS_ONLY = false>
+template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
 __global__ void __launch_bounds__(NUM_WARPS * 32 + (dq_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>() ? 128 : 0), 1)
 attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                   const float* __restrict__ dout, const float* __restrict__ lse,
@@ -847,7 +760,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dq_mma does)");
     constexpr int PASSES = Op::passes;
     constexpr bool PRODUCER = dq_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>();
-    using L = BwdDqWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N, PRODUCER, ROWS_ONLY>;
+    using L = BwdDqWgmmaLayout<Op, D_PAD, BLOCK_M, BLOCK_N, PRODUCER>;
     constexpr int THREADS = NUM_WARPS * 32;  // the consumers (a producer warpgroup comes after them)
     constexpr int K_STEPS = D_PAD / 8;
     constexpr int N_BLOCKS = BLOCK_N / 8;  // 8-key column blocks of S, the k-steps of dS K
@@ -878,7 +791,6 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     unsigned char* kv_tiles = smem + L::kv_tiles;
     unsigned long long* barriers = reinterpret_cast<unsigned long long*>(smem + L::barriers);
 
-    // clock block: entry
     const int warp = warp_uniform_index(), wg = warp / 4;
     const int row_wg = wg / D_SPLIT, col0 = wg % D_SPLIT * D_WG;  // its 64 rows, its first dQ column
     const int lane = threadIdx.x % 32;
@@ -911,10 +823,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     // with a tile's K and V (its S and dP swapped) and with its K^T (dQ added).
     unsigned long long* const kv_free = &barriers[2];
     unsigned long long* const kt_free = &barriers[3];
-    // L::ROWS_STAGED: the producer's three transposer warps arrive at both "free" phases
-    // too (done with the K they read; at once for the K^T they made).
-    constexpr int TRANSPOSERS = L::ROWS_STAGED ? 3 : 0;
-    init_mbarriers<PRODUCER ? 2 : L::BARRIER_COUNT, PRODUCER ? 2 : 0, NUM_WARPS + TRANSPOSERS>(barriers);
+    init_mbarriers<PRODUCER ? 2 : L::BARRIER_COUNT, PRODUCER ? 2 : 0, NUM_WARPS>(barriers);
     if constexpr (PRODUCER) {
         // Registers move from the producer warpgroup, which issues every copy, to the
         // consumers (a 384-thread block gets 168 a thread at launch: 128 x 40 + 256 x 232
@@ -927,31 +836,9 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                     for (int tile = 0; tile < n_tiles; ++tile) {
                         if (tile > 0) mbarrier_wait(kv_free, (tile - 1) % 2);
                         fetch_kv(tile);
-                        if constexpr (!L::ROWS_STAGED) {
-                            if (tile > 0) mbarrier_wait(kt_free, (tile - 1) % 2);
-                            fetch_kt(tile);
-                        }
+                        if (tile > 0) mbarrier_wait(kt_free, (tile - 1) % 2);
+                        fetch_kt(tile);
                     }
-            } else if constexpr (L::ROWS_STAGED) {
-                // The other three warps make each tile's K^T from its K once K has landed
-                // and the last K^T is free, and complete K^T's "landed" phase by one
-                // arrival. The pair writes its swap of S over K once these warps are done
-                // reading it (named barrier 8).
-                const int transposer = warp - NUM_WARPS - 1;
-                unsigned char* const stage = kv_tiles;  // (one stage)
-                for (int tile = 0; tile < n_tiles; ++tile) {
-                    mbarrier_wait(&barriers[0], tile % 2);
-                    if (tile > 0) mbarrier_wait(kt_free, (tile - 1) % 2);
-                    transpose_row_tile<L::PARTS, BLOCK_N, D_PAD, TRANSPOSERS>(
-                        reinterpret_cast<float*>(stage + 2 * L::TILE_N), reinterpret_cast<const float*>(stage),
-                        transposer, lane);
-                    fence_proxy_async();
-                    named_barrier_sync(7, TRANSPOSERS * 32);  // K^T is made
-                    if (transposer == 0 && lane == 0) mbarrier_arrive(&barriers[1]);
-                    named_barrier_arrive(8, THREADS + TRANSPOSERS * 32);  // done with K
-                    mbarrier_arrive_warp(kv_free);
-                    mbarrier_arrive_warp(kt_free);
-                }
             }
             return;
         }
@@ -1005,9 +892,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
     fence_proxy_async();
     consumers_barrier();  // Q's and dO's TF32 tiles written (and visible to wgmma)
 
-    // clock phases: begin
     for (int tile = 0; tile < n_tiles; ++tile) {
-        // clock phase: loop
         const int stage = tile % STAGES;
         const unsigned k_addr = wg_smem_addr(kv_tiles + stage * L::STAGE_BYTES);
         const unsigned v_addr = k_addr + L::TILE_N, kt_addr = k_addr + 2 * L::TILE_N;
@@ -1021,9 +906,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 if (threadIdx.x == 0 && tile - 1 + STAGES < n_tiles) fetch(tile - 1 + STAGES);
             }
         }
-        // clock phase: top barrier and fetch of K^T
         mbarrier_wait(&barriers[L::SPLIT_STAGE ? 0 : stage], (tile / STAGES) % 2);
-        // clock phase: wait for K and V
         const bool idle = CAUSAL && n0 > wg_row0 + 63 + causal_offset;  // uniform per warpgroup
         float sdp[2][N_BLOCKS][4];  // S (or P: P_BEFORE_DP), dP
         // P of a score in this lane's row `half` (g or g + 8 of its warp's 16).
@@ -1039,12 +922,9 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                 one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N, SCORE_DEPTH,
                                     L::SCORE_PARTS_AS_ROWS>(
                     own, product, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
-                // clock phase: score product
                 float4* const swap[2] = {reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES),
                                          reinterpret_cast<float4*>(kv_tiles + stage * L::STAGE_BYTES + L::TILE_N)};
-                swap_pair_products<N_BLOCKS, PRODUCER ? THREADS : 0, L::ROWS_STAGED ? THREADS + TRANSPOSERS * 32 : 0>(
-                    sdp, own, swap, product, warp % 4, lane);
-                // clock phase: swap
+                swap_pair_products<N_BLOCKS, PRODUCER ? THREADS : 0>(sdp, own, swap, product, warp % 4, lane);
             } else if constexpr (P_BEFORE_DP) {
                 // 3xTF32 with 64-key tiles: S, P = exp2(S - lse), then dP (one product's
                 // fresh accumulators at a time, as dK/dV's ring computes them), for the
@@ -1069,10 +949,7 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
                     sdp, {q_addr, do_addr}, Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
         };
         if constexpr (L::SPLIT_STAGE) {
-            if (!idle)
-                scores();
-            else if constexpr (L::ROWS_STAGED)
-                named_barrier_sync(8, THREADS + TRANSPOSERS * 32);  // (as the swap does: once a tile)
+            if (!idle) scores();
             if constexpr (PRODUCER) {
                 mbarrier_arrive_warp(kv_free);  // this warp is done with K and V
             } else {
@@ -1090,7 +967,6 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
             fence_proxy_async();
             consumers_barrier();
         }
-        // clock phase: barrier, fetch, wait for K^T
         if (idle) {
             if constexpr (PRODUCER) mbarrier_arrive_warp(kt_free);
             continue;
@@ -1113,14 +989,10 @@ attn_bwd_dq_wgmma(const float* __restrict__ q, const float* __restrict__ k, cons
         a_words(a[0], sdp[1]);
         // 3xTF32: two fresh accumulators alternate (BUFS = 2), each chunk's add running while
         // the next chunk's products do (no spills at the planned tiles; 216 registers at 128).
-        // clock phase: softmax and split
         regs_by_transposed<PASSES, 1, CN, CHUNKS, N_BLOCKS, KG, D_PAD, false, 2>(dq_acc, a, {kt_addr + col_bytes},
                                                                               KV_PART * 4);
         if constexpr (PRODUCER) mbarrier_arrive_warp(kt_free);  // this warp is done with K^T
-        // clock phase: dQ
     }
-    // clock phase: loop
-    // clock phases: end
 
     store_wg_acc<CHUNKS, CN>(dq + qb.b * dq_sb + qb.h * dq_sh + (long long)warp_row0 * dq_ss + col0, dq_ss, dq_acc[0],
                              scale, seqlen_q - warp_row0, head_dim - col0, lane);

@@ -61,15 +61,9 @@ __device__ __forceinline__ int warp_uniform_index() { return __shfl_sync(0xfffff
 // __syncthreads').
 __device__ __forceinline__ void warpgroup_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory"); }
 // `threads` threads (whole warps) wait for each other on named barrier `id` (past
-// warpgroup_barrier's 1-4); the others do not take part. bar.sync counts the threads of
-// this call and of named_barrier_arrive's, whichever warps they are.
+// warpgroup_barrier's 1-4); the others do not take part.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// This warp counts towards named barrier `id` of `threads` threads without waiting: a
-// producer's word to the threads that wait there that it is done with something.
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 // The first `threads` threads of the block (whole warps) wait for each other on named
 // barrier `id`; the others do not take part.

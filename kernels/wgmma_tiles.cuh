@@ -9,8 +9,6 @@
 //                      A B^T)
 //   (transposed tiles, R rows becoming the k dimension in the order a register A operand
 //    takes them, come from the staging launches: wgmma_staging.cuh, stage_operand)
-//   transpose_row_tile  that transposed tile made in shared memory from the row tile
-//                      (where a producer warpgroup makes it: attn_bwd_wgmma.cuh, ROWS_STAGED)
 //   zero_transposed_rows  rows from some index on of a transposed tile, zeroed
 //   transpose_core_tile   a tile's transpose, words moved within shared memory
 //   a_words_global     float32 rows of global memory -> each lane's register A words of
@@ -122,48 +120,6 @@ __device__ __forceinline__ void transpose_core_tile(float* dst, const float* src
         const int w = i % (R * C), core = w / 32;
         const int r = core % (R / 8) * 8 + w % 32 / 4, c = core / (R / 8) * 4 + w % 4;
         dst[i - w + core_offset<C>(c, r)] = src[i];
-    }
-}
-
-// x[0..3] to shared memory at p (16-byte aligned) as one 16-byte store. A float4 store
-// through a pointer into the producer warpgroup's ring slots compiled to four 4-byte
-// stores (16 wavefronts a warp where 4 do: tests/test_ptx_emulator.py counts them).
-__device__ __forceinline__ void store_shared_v4(float* p, const float (&x)[4]) {
-    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(wg_smem_addr(p)), "f"(x[0]), "f"(x[1]), "f"(x[2]),
-                 "f"(x[3])
-                 : "memory");
-}
-
-// The transposed tile (stage_operand's order: D_PAD rows d, the R rows as slots permuted
-// within 8) of an R x D_PAD row tile (core-matrix order), PARTS parts R * D_PAD words
-// apart, made in shared memory by WARPS warps (`warp` = 0..WARPS-1 of them, not a whole
-// block: a producer warpgroup's). A permutation of words, so TF32 parts stay exact.
-// A warp takes 8 rows (one row group) x 16 columns at a time: lane (p, d) reads rows p,
-// p + 2, p + 4, p + 6 of column d and stores them as one 16-byte word (slots 4p..4p+3:
-// consecutive lanes, consecutive words). Each lane reads its 4 rows starting at a
-// different one (rot, from its column's 4-column group), so that each read's 32 lanes
-// hit 32 banks (rows 4 words apart in a core matrix, column groups 32 words apart: in
-// the same order, 4 lanes a bank).
-template <int PARTS, int R, int D_PAD, int WARPS>
-__device__ __forceinline__ void transpose_row_tile(float* transposed, const float* rows, int warp, int lane) {
-    static_assert(R % 8 == 0 && D_PAD % 16 == 0, "8-row groups, 16-column blocks");
-    constexpr int COL_BLOCKS = D_PAD / 16, UNITS = PARTS * (R / 8) * COL_BLOCKS;
-    const int p = lane / 16, rot = lane / 4 % 4;
-#pragma unroll 1
-    for (int u = warp; u < UNITS; u += WARPS) {
-        const int part = u / ((R / 8) * COL_BLOCKS), group = u / COL_BLOCKS % (R / 8);
-        const int d = u % COL_BLOCKS * 16 + lane % 16, row = group * 8 + p;
-        const float* src = rows + part * R * D_PAD;
-        float v[4];  // v[k]: row row + 2 ((k + rot) % 4)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) v[k] = src[core_offset<R>(row + 2 * ((k + rot) % 4), d)];
-        // Slot 4p + j holds row row + 2j = v[(j - rot) % 4]: rotated by rot, in two steps.
-        float w[4], x[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) w[j] = rot & 1 ? v[(j + 3) % 4] : v[j];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) x[j] = rot & 2 ? w[(j + 2) % 4] : w[j];
-        store_shared_v4(transposed + part * R * D_PAD + core_offset<D_PAD>(d, group * 8 + 4 * p), x);
     }
 }
 
@@ -483,16 +439,11 @@ __device__ __forceinline__ void one_of_two_products(float (&d)[N / 8][4], int wh
 // before the async proxy's writes).
 // BARRIER_THREADS: 0, the whole block meets (__syncthreads); else that many leading
 // threads, on named barrier 6 (a block with a producer warpgroup past them).
-// WRITE_AFTER_THREADS: 0, or the products are written once that many threads have met
-// on named barrier 8: the consumers (both products done) and the producer warps that
-// read the tiles written over (named_barrier_arrive), so that the swap may use a tile
-// that they, not only the pair, read.
-template <int NB, int BARRIER_THREADS = 0, int WRITE_AFTER_THREADS = 0>
+template <int NB, int BARRIER_THREADS = 0>
 __device__ __forceinline__ void swap_pair_products(float (&both)[2][NB][4], const float (&own)[NB][4],
                                                    float4* const (&swap)[2], int mine, int warp_in_wg, int lane) {
     const int at = warp_in_wg * NB * 32 + lane;
     float4* own_swap = (mine == 0 ? swap[0] : swap[1]) + at;
-    if constexpr (WRITE_AFTER_THREADS != 0) named_barrier_sync(8, WRITE_AFTER_THREADS);
 #pragma unroll
     for (int j = 0; j < NB; ++j) own_swap[j * 32] = make_float4(own[j][0], own[j][1], own[j][2], own[j][3]);
     if constexpr (BARRIER_THREADS == 0)

@@ -182,50 +182,6 @@ def test_layout_check_rejects_a_planner_that_disagrees_on_the_producer_warpgroup
         cc.check_layouts([cfg], "sm_90")
 
 
-@pytest.mark.parametrize("cls,tile", [("BwdDkdvWgmmaConfig", (16, 64, 8)), ("BwdDqWgmmaConfig", (64, 16, 8))])
-def test_layout_check_rejects_a_planner_that_disagrees_on_the_staged_tile(monkeypatch, cls, tile):
-    """Where the producer warpgroup makes the transposed tiles, the staged tiles hold the
-    row tiles alone; a planner that would allocate and stage whole tiles (the kernel then
-    stepping through them at the wrong stride) fails the layout check, naming the tile."""
-    from cupyattn import plan as P
-
-    config_cls = getattr(P, cls)
-    monkeypatch.setattr(config_cls, "PRODUCER_MAKES_TRANSPOSED", True)
-    cfg = config_cls("float32", "fp32", 256, *tile, False)
-    assert cfg.rows_staged and not cfg.staging.transposed
-    assert cc.check_layouts([cfg], "sm_90") == 1
-    monkeypatch.setattr(config_cls, "staging", property(lambda self: self._stage_tile))  # transposed tiles too
-    assert cfg.staging.transposed
-    with pytest.raises(cc.CompileError, match=re.escape(cfg.name_expression)):
-        cc.check_layouts([cfg], "sm_90")
-
-
-def _registers_after(sass_text: str, marker: str) -> int:
-    """The highest general register the SASS names after its first line holding ``marker``."""
-    tail = sass_text[sass_text.index(marker):]
-    return max(int(r) for r in re.findall(r"\bR(\d+)\b", tail))
-
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("cls,head_dim,tile", [("BwdDkdvWgmmaConfig", 256, (16, 64, 8)),
-                                               ("BwdDqWgmmaConfig", 192, (64, 16, 8)),
-                                               ("BwdDqWgmmaConfig", 224, (64, 16, 8)),
-                                               ("BwdDqWgmmaConfig", 256, (64, 16, 8))])
-def test_producers_that_make_the_transposed_tiles_fit_their_registers(monkeypatch, cls, head_dim, tile, causal):
-    """The "fp32" kernels whose producer warpgroup makes the transposed tiles (rows_staged,
-    measured slower, not planned): no spills, and the producer's code after it gives its registers to
-    the consumers (setmaxnreg 40) names none past R39."""
-    from cupyattn import plan as P
-
-    config_cls = getattr(P, cls)
-    monkeypatch.setattr(config_cls, "PRODUCER_MAKES_TRANSPOSED", True)
-    cfg = config_cls("float32", "fp32", head_dim, *tile, causal)
-    assert cfg.rows_staged and cfg.threads == 384
-    report = cc.compile_only(cfg, "sm_90")
-    assert report.spills == 0, (cfg.name_expression, report.registers, report.spills)
-    assert _registers_after(cc.sass(report), "USETMAXREG.DEALLOC.CTAPOOL 0x28") < 40
-
-
 def test_kernel_source_carries_the_hash_of_every_kernel_file():
     cfg = FwdSimtConfig("float16", 64, 64, 32, 32, 4, False)
     src = cc.kernel_source(cfg)
