@@ -170,8 +170,8 @@ struct Tf32Words {
     }
     // set(i, x) from rounding_biased(x) (below), in two instructions: big is the biased
     // word as it is - its top 19 bits are x rounded as set rounds it, and wgmma reads
-    // those only (tests/test_precision_gpu.py; the H200's errors unchanged: BENCHMARKS.md,
-    // twenty-second session) - and small = biased - (rounded + the half unit).
+    // those only (tests/test_precision_gpu.py) - and small = biased - (rounded + the half
+    // unit).
     // top19: 0xFFFFE000 in a register (biased_split_mask()), so that the mask and the or
     // are one LOP3 (with both as immediates ptxas rebuilt the mask before each).
     __device__ void set_from_biased(int i, float biased, unsigned top19) {

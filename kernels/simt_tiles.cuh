@@ -31,11 +31,8 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, long long src_st
 // together and share its K and V in L2. Causal (a block's work falls with its rank):
 // groups of heads in turn, each handing out its tiles heaviest first, heads fastest.
 // With rank fastest over the whole grid the last head's heaviest tile starts near the
-// end and runs alone (scripts/grid_order_model.py: 32 tiles x 64 heads on 132 SMs 7%
-// over an even split, grouped under 1%). A group spans about 256 blocks (one head for
-// 256 tiles or more, at most 32 heads): on the H200, 8 heads of 32 tiles were faster
-// than 16 (docs in BENCHMARKS.md, eleventh session), more heads at once streaming more
-// K and V through L2.
+// end and runs alone. A group spans about 256 blocks (one head for 256 tiles or more,
+// at most 32 heads): more heads at once stream more K and V through L2.
 template <bool CAUSAL>
 __device__ __forceinline__ void grid_slot(int num_tiles, int& rank, long long& bh) {
     const long long block = blockIdx.x;

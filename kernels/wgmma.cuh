@@ -55,7 +55,7 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // This thread's warp in the block, broadcast from lane 0: provably warp-uniform, so that
 // ptxas keeps the wgmma descriptors built from it in uniform registers (threadIdx.x / 32
-// it cannot prove uniform: an R2UR pair before every HGMMA, twenty-first session).
+// it cannot prove uniform: an R2UR pair before every HGMMA).
 __device__ __forceinline__ int warp_uniform_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x / 32), 0); }
 // The 128 threads of warpgroup `wg` wait for each other (named barrier wg + 1; 0 is
 // __syncthreads').
@@ -108,8 +108,7 @@ __device__ __forceinline__ void mbarrier_arrive_warp(unsigned long long* bar) {
 }
 
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src to shared
-// dst; the barrier's current phase completes when they have landed. (scripts/copy_probe.py
-// times copies of the tree that move fewer bytes, or fewer distinct ones, here.)
+// dst; the barrier's current phase completes when they have landed.
 __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes,
                                                     unsigned long long* bar) {
     // copy probe

@@ -67,8 +67,7 @@ __device__ __forceinline__ void load_then_store(Load load, Store store) {
 // *p (global memory that stays as it is for the whole launch) where ok, else zeros: a
 // predicated load, not a branch. Around a plain load the compiler branched and moved
 // the loaded value out of the branch's registers right after it, which waited for the
-// load: one load in flight at a time however many load_then_store issued (ncu: a
-// tenth of the "tf32" D=256 backward's stall samples, nineteenth session's tree).
+// load: one load in flight at a time however many load_then_store issued.
 __device__ __forceinline__ float4 load_float4_if(const float* p, bool ok) {
     float4 x;
     asm("{\n\t.reg .pred ok;\n\tsetp.ne.b32 ok, %5, 0;\n\tmov.f32 %0, 0f00000000;\n\tmov.f32 %1, 0f00000000;\n\t"
@@ -265,23 +264,20 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 // GROUP k-steps go out as one commit group, their products interleaved (each pass of
 // every k-step, then the next pass), so that no two wgmmas in a row add into the same
 // accumulator; DEPTH / GROUP groups are in flight. Each accumulator takes the same
-// products in the same order and is added in k order: the same bits for any GROUP. 4
-// deep (the "fp32" D=256 score products, n16), two at a time: "fp32" D=256 backward
-// -2..-3% (twenty-second session).
+// products in the same order and is added in k order: the same bits for any GROUP (4
+// deep, two at a time: the "fp32" D=256 score products, n16).
 //
 // PARTS_AS_ROWS: each B tile holds its parts as rows, B_ROWS big then B_ROWS small
 // (stage_operand's PARTS_AS_ROWS: one 2 B_ROWS-row core-matrix tile). Where 16 columns
 // wide, two k-steps a group, 4 deep (WIDE: the "fp32" backward's score products, e.g.
 // at D=256), a k-step's big·big and big·small products are one n32 wgmma (A big, B big
 // | small) into its group's fresh accumulator, and its small·big one n16 wgmma: four
-// wgmmas a group where six n16 ran, n32 at the full rate where n16 runs at 60% of it
-// (scripts/wgmma_rate.py). A group's left (big·big) and right (big·small) 16 columns
+// wgmmas a group where six n16 ran (n32 runs at the full rate, n16 does not). A group's left (big·big) and right (big·small) 16 columns
 // are added to d with rounded adds, as many a group as before; its big·big chain of two
 // products truncates as often as one k-step's chain of three did, so the sums are as
 // accurate (scripts/tf32_error_model.py --wide). The small·big products (2^-11 of the
 // big ones) chain in one n16 accumulator over all k-steps, added to d last. Not the
-// same bits as without it. "fp32" backward at D=256: -5.1% not causal, -5.5% causal
-// (twenty-eighth session). Elsewhere the same algorithm, its descriptors stepping over
+// same bits as without it. Elsewhere the same algorithm, its descriptors stepping over
 // the parts.
 template <int NP, int N, int K_STEPS, int B_ROWS, bool PARTS_AS_ROWS = false, int DEPTH = 2,
           int GROUP = (DEPTH == 4 ? 2 : 1)>
