@@ -41,22 +41,22 @@ namespace cupyattn {
 
 // q, dout, lse and delta stay in the launch signature every dK/dV kernel shares (Q, dO,
 // lse and delta come through q_staged).
-#define CUPYATTN_DKDV_WGMMA_PARAMS                                                                              \
-    const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,                     \
-        const float *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta,        \
-        float *__restrict__ dk, float *__restrict__ dv, long long q_sb, long long q_ss, long long q_sh,        \
-        long long k_sb, long long k_ss, long long k_sh, long long v_sb, long long v_ss, long long v_sh,        \
-        long long do_sb, long long do_ss, long long do_sh, long long dk_sb, long long dk_ss, long long dk_sh,  \
-        long long dv_sb, long long dv_ss, long long dv_sh, int n_heads_q, int n_heads_kv, int seqlen_q,        \
-        int seqlen_k, int head_dim, int head_dim_v, int num_n_tiles, float scale, float scale_log2,            \
-        int causal_offset, const float *__restrict__ q_staged
-#define CUPYATTN_DKDV_WGMMA_ARGS                                                                                \
-    k, v, dk, dv, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh, n_heads_q,     \
-        n_heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v, num_n_tiles, scale, scale_log2, causal_offset,   \
-        q_staged
+#define CUPYATTN_DKDV_WGMMA_PARAMS                                                                                     \
+    const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,                             \
+        const float *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta,                \
+        float *__restrict__ dk, float *__restrict__ dv, long long q_sb, long long q_ss, long long q_sh,                \
+        long long k_sb, long long k_ss, long long k_sh, long long v_sb, long long v_ss, long long v_sh,                \
+        long long do_sb, long long do_ss, long long do_sh, long long dk_sb, long long dk_ss, long long dk_sh,          \
+        long long dv_sb, long long dv_ss, long long dv_sh, int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,  \
+        int head_dim, int head_dim_v, int num_n_tiles, float scale, float scale_log2, int causal_offset,               \
+        const float *__restrict__ q_staged
+#define CUPYATTN_DKDV_WGMMA_ARGS                                                                                       \
+    k, v, dk, dv, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh, n_heads_q, n_heads_kv, \
+        seqlen_q, seqlen_k, head_dim, head_dim_v, num_n_tiles, scale, scale_log2, causal_offset, q_staged
 
 template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NUM_WARPS * 32 + (dkdv_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>() ? 128 : 0), 1)
+__global__ void
+__launch_bounds__(NUM_WARPS * 32 + (dkdv_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>()? 128 : 0), 1)
 attn_bwd_dkdv_wgmma(CUPYATTN_DKDV_WGMMA_PARAMS) {
     static_assert(same_type<T, float>, "float32 inputs (T is there to name kernels as attn_bwd_dkdv_mma does)");
     constexpr bool PRODUCER = dkdv_producer_warp<Op, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS>();

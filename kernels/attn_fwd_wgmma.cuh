@@ -67,7 +67,8 @@ struct FwdWgmmaLayout {
 };
 
 template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+__global__ void
+__launch_bounds__(NUM_WARPS * 32, 1)
 attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                float* __restrict__ out, float* __restrict__ lse,
                long long q_sb, long long q_ss, long long q_sh,

@@ -22,8 +22,8 @@ __device__ __forceinline__ void dkdv_probabilities(float (&sdp)[2][M_BLOCKS][4],
                                                    const float* delta_tile, float scale_log2, int key0, int m0,
                                                    int seqlen_q, int seqlen_k, int causal_offset, int g, int t) {
     constexpr int BLOCK_M = M_BLOCKS * 8;
-    const bool needs_mask = m0 + BLOCK_M > seqlen_q || key0 + 16 > seqlen_k ||
-                            (CAUSAL && key0 + 15 > m0 + causal_offset);
+    const bool needs_mask =
+        m0 + BLOCK_M > seqlen_q || key0 + 16 > seqlen_k || (CAUSAL && key0 + 15 > m0 + causal_offset);
     float2 lse2[M_BLOCKS], delta2[M_BLOCKS];  // this lane's query columns 2t, 2t + 1 of each 8
 #pragma unroll
     for (int j = 0; j < M_BLOCKS; ++j) {
@@ -48,18 +48,16 @@ __device__ __forceinline__ void dkdv_probabilities(float (&sdp)[2][M_BLOCKS][4],
 // atomics, so the dQ pass and its recomputed S and dP are not needed).
 template <typename L, bool FUSED, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
 __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const float* __restrict__ v,
-                                           float* __restrict__ dk, float* __restrict__ dv,
-                                           long long k_sb, long long k_ss, long long k_sh,
-                                           long long v_sb, long long v_ss, long long v_sh,
-                                           long long dk_sb, long long dk_ss, long long dk_sh,
-                                           long long dv_sb, long long dv_ss, long long dv_sh,
-                                           int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
-                                           int head_dim, int head_dim_v, int num_n_tiles,
-                                           float scale, float scale_log2, int causal_offset,
+                                           float* __restrict__ dk, float* __restrict__ dv, long long k_sb,
+                                           long long k_ss, long long k_sh, long long v_sb, long long v_ss,
+                                           long long v_sh, long long dk_sb, long long dk_ss, long long dk_sh,
+                                           long long dv_sb, long long dv_ss, long long dv_sh, int n_heads_q,
+                                           int n_heads_kv, int seqlen_q, int seqlen_k, int head_dim, int head_dim_v,
+                                           int num_n_tiles, float scale, float scale_log2, int causal_offset,
                                            const float* __restrict__ q_staged, DqAtomics dq) {
     constexpr int PASSES = Op::passes;
     constexpr int THREADS = NUM_WARPS * 32;
-    constexpr int K_STEPS = D_PAD / 8;     // k-steps of K Q^T and V dO^T
+    constexpr int K_STEPS = D_PAD / 8;  // k-steps of K Q^T and V dO^T
     constexpr int M_BLOCKS = BLOCK_M / 8;  // 8-query column blocks of S^T, the k-steps of dV and dK
     // D_SPLIT warpgroups share 64 keys, each with its share of dK's and dV's columns
     // (S^T by one, dP^T by the other, swapped: plan.BwdDkdvWgmmaConfig.d_split).
@@ -71,7 +69,8 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     // to cover the next one's latency two deep) where the registers allow it.
     constexpr int SCORE_DEPTH = PASSES == 3 && BLOCK_M == 16 && (D_SPLIT == 2 ? D_WG <= 128 : D_WG < 128) ? 4 : 2;
     static_assert(NUM_WARPS % 4 == 0 && BLOCK_N % 64 == 0 && BLOCK_N * D_SPLIT == 16 * NUM_WARPS &&
-                  (D_SPLIT == 1 || D_SPLIT == 2), "each warpgroup owns 64 keys, one or two share them");
+                      (D_SPLIT == 1 || D_SPLIT == 2),
+                  "each warpgroup owns 64 keys, one or two share them");
     static_assert(D_WG % 16 == 0 && (!FUSED || D_SPLIT == 1), "a warpgroup's columns");
     static_assert(D_SPLIT == 1 || BLOCK_N == 64, "one pair a block: its swap of S^T and dP^T meets at __syncthreads");
     static_assert(BLOCK_M == 16 || BLOCK_M == 32 || BLOCK_M == 64, "wgmma.cuh has n16, n32, n64");
@@ -98,7 +97,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
     const KeyBlock kb = key_block<CAUSAL, BLOCK_N>(num_n_tiles, n_heads_q, n_heads_kv);
     const long long b = kb.b;
     const int h_kv = kb.h_kv, group = kb.group, n0 = kb.n0;
-    const int wg_key0 = n0 + key_wg * 64;        // this warpgroup's first key
+    const int wg_key0 = n0 + key_wg * 64;  // this warpgroup's first key
     const int key0 = wg_key0 + (warp % 4) * 16;  // this warp's
 
     // Work items: (query head of the group, query tile), the query tiles that can see a
@@ -285,7 +284,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
         // dV += P^T dO, dK += dS^T Q (the fused pass: and dQ^T = K^T dS^T, added to dq).
         if constexpr (L::RING) {
             regs_by_transposed<PASSES, 1, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(just_one(acc[0]), just_one(a[0]), {dot_addr},
-                                                                         Q_PART * 4);
+                                                                           Q_PART * 4);
             // Every warpgroup that adds is done with dO^T (the idle ones, which skip dV and
             // dK, are the last: their keys come after the others'), so the next item's Q
             // may take its slot.
@@ -299,7 +298,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             }
             ring.wait(item, 3);
             regs_by_transposed<PASSES, 1, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(just_one(acc[1]), just_one(a[1]), {qt_addr},
-                                                                         Q_PART * 4);
+                                                                           Q_PART * 4);
             if constexpr (PRODUCER) ring.release(item, 3);  // Q^T's slot: read
         } else if constexpr (!FUSED) {
             regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(acc, a, {dot_addr, qt_addr}, Q_PART * 4);
@@ -312,7 +311,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
             float dqt[D_PAD / 64][1][BLOCK_M / 8][4];
             if constexpr (PASSES == 1) {  // dV, dK and dQ^T issued together, one wait
                 regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD, true>(acc, a, {dot_addr, qt_addr},
-                                                                                      Q_PART * 4);
+                                                                                     Q_PART * 4);
                 dq_of_keys<PASSES, D_PAD, BLOCK_M, BLOCK_N, true>(dqt, kt_addr, wg_smem_addr(ds));
                 wgmma_commit();
                 wgmma_wait<0>();
@@ -320,8 +319,7 @@ __device__ __forceinline__ void dkdv_wgmma(const float* __restrict__ k, const fl
 #pragma unroll
                 for (int i = 0; i < D_PAD / 64; ++i) fence_operand(dqt[i][0]);
             } else {
-                regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(acc, a, {dot_addr, qt_addr},
-                                                                                Q_PART * 4);
+                regs_by_transposed<PASSES, 2, CN, CHUNKS, M_BLOCKS, KG, D_PAD>(acc, a, {dot_addr, qt_addr}, Q_PART * 4);
                 dq_of_keys<PASSES, D_PAD, BLOCK_M, BLOCK_N, false>(dqt, kt_addr, wg_smem_addr(ds));
             }
             const int h_q = h_kv * group + at.head;

@@ -15,11 +15,10 @@ template <typename L, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_
 __device__ __forceinline__ void dq_wgmma(const float* __restrict__ q, const float* __restrict__ dout,
                                          const float* __restrict__ lse, const float* __restrict__ delta,
                                          float* __restrict__ dq, long long q_sb, long long q_ss, long long q_sh,
-                                         long long do_sb, long long do_ss, long long do_sh,
-                                         long long dq_sb, long long dq_ss, long long dq_sh,
-                                         int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k,
-                                         int head_dim, int head_dim_v, int num_m_tiles, float scale, float scale_log2,
-                                         int causal_offset, const float* __restrict__ kv_staged) {
+                                         long long do_sb, long long do_ss, long long do_sh, long long dq_sb,
+                                         long long dq_ss, long long dq_sh, int n_heads_q, int n_heads_kv, int seqlen_q,
+                                         int seqlen_k, int head_dim, int head_dim_v, int num_m_tiles, float scale,
+                                         float scale_log2, int causal_offset, const float* __restrict__ kv_staged) {
     constexpr int PASSES = Op::passes;
     constexpr bool PRODUCER = L::HAS_PRODUCER;  // (dq_producer_warp)
     constexpr int THREADS = NUM_WARPS * 32;  // the consumers (a producer warpgroup comes after them)
@@ -144,8 +143,8 @@ __device__ __forceinline__ void dq_wgmma(const float* __restrict__ q, const floa
         auto probability = [&](float s, int half) { return exp2f(s * scale_log2 - lse_log2[half]); };
         auto one_product = [&](float (&d)[N_BLOCKS][4], int product) {
             one_of_two_products<PASSES, L::Q_IN_REGISTERS, BLOCK_N, K_STEPS, BLOCK_M, BLOCK_N, SCORE_DEPTH,
-                                L::SCORE_PARTS_AS_ROWS>(d, product, {q_words, do_words}, {q_addr, do_addr},
-                                                        Q_PART * 4, {k_addr, v_addr}, KV_PART * 4);
+                                L::SCORE_PARTS_AS_ROWS>(d, product, {q_words, do_words}, {q_addr, do_addr}, Q_PART * 4,
+                                                        {k_addr, v_addr}, KV_PART * 4);
         };
         auto scores = [&] {
             if constexpr (D_SPLIT == 2) {
@@ -217,7 +216,7 @@ __device__ __forceinline__ void dq_wgmma(const float* __restrict__ q, const floa
         // dQ += dS K. 3xTF32: two fresh accumulators alternate (BUFS = 2), each chunk's add
         // running while the next chunk's products do.
         regs_by_transposed<PASSES, 1, CN, CHUNKS, N_BLOCKS, KG, D_PAD, false, 2>(dq_acc, a, {kt_addr + col_bytes},
-                                                                              KV_PART * 4);
+                                                                                 KV_PART * 4);
         if constexpr (PRODUCER) stages.release_kt();  // this warp is done with K^T
     }
 

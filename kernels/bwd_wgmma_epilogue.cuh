@@ -56,9 +56,8 @@ __device__ __forceinline__ void dq_of_keys(float (&dqt)[D_PAD / 64][1][BLOCK_M /
                                            unsigned ds_addr) {
 #pragma unroll
     for (int i = 0; i < D_PAD / 64; ++i)
-        rows_by_rows<PASSES, 1, BLOCK_M, 8, D_PAD, BLOCK_M, ISSUE_ONLY>(dqt[i], {kt_addr + i * 8 * 128},
-                                                                        BLOCK_N * D_PAD * 4, {ds_addr},
-                                                                        BLOCK_M * 64 * 4);
+        rows_by_rows<PASSES, 1, BLOCK_M, 8, D_PAD, BLOCK_M, ISSUE_ONLY>(
+            dqt[i], {kt_addr + i * 8 * 128}, BLOCK_N * D_PAD * 4, {ds_addr}, BLOCK_M * 64 * 4);
 }
 
 // dq_rows[row, :] (row stride ss) += scale * dQ from dQ^T accumulators, rows below
@@ -67,8 +66,9 @@ __device__ __forceinline__ void dq_of_keys(float (&dqt)[D_PAD / 64][1][BLOCK_M /
 // the accumulator layout (a lane's columns 8 apart) to 4 consecutive columns a lane, so
 // that one red.v4 adds 16 bytes (scalar atomics where dq's rows are not 16-byte aligned).
 template <int D_PAD, int BLOCK_M>
-__device__ __forceinline__ void add_dq_rows(float* dq_rows, long long ss, const float (&dqt)[D_PAD / 64][1][BLOCK_M / 8][4],
-                                            float* ds, float scale, int valid_rows, int valid_cols, int wg, int lane) {
+__device__ __forceinline__ void add_dq_rows(float* dq_rows, long long ss,
+                                            const float (&dqt)[D_PAD / 64][1][BLOCK_M / 8][4], float* ds, float scale,
+                                            int valid_rows, int valid_cols, int wg, int lane) {
     const int g = lane / 4, t = lane % 4, warp = threadIdx.x / 32 % 4;
     // Row r's 4-column group c of a chunk at ds[r * 64 + 4 (c ^ r % 8)]: the XOR spreads a
     // warp's stores (8 columns, 4 row pairs) over the banks.
@@ -90,8 +90,8 @@ __device__ __forceinline__ void add_dq_rows(float* dq_rows, long long ss, const 
             const float4 x = *reinterpret_cast<const float4*>(ds + at(r, n % 16 * 4));
             float* dst = dq_rows + r * ss + col;
             if (vector) {
-                asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(x.x), "f"(x.y),
-                             "f"(x.z), "f"(x.w)
+                asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(x.x), "f"(x.y), "f"(x.z),
+                             "f"(x.w)
                              : "memory");
             } else {
                 atomicAdd(dst, x.x);
@@ -113,8 +113,8 @@ struct DqAtomics {
 // x where entry (row, key) is visible (inside both sequences and, causal, key <= row +
 // causal_offset; every entry where !needs_mask), else 0: selected, never multiplied by 0,
 // and without a branch, so that lse and delta are read before any entry's work.
-__device__ __forceinline__ float visible_or_zero(float x, bool needs_mask, int row, int key, int seqlen_q,
-                                                 int seqlen_k, bool causal, int causal_offset) {
+__device__ __forceinline__ float visible_or_zero(float x, bool needs_mask, int row, int key, int seqlen_q, int seqlen_k,
+                                                 bool causal, int causal_offset) {
     const bool visible = !needs_mask | ((row < seqlen_q) & (key < seqlen_k) & (!causal | (key <= row + causal_offset)));
     return visible ? x : 0.0f;
 }

@@ -56,8 +56,8 @@ struct QueryItems {
 // copies while this item's other half is in use. fetch*: thread 0 only.
 template <typename L>
 struct QueryStages {
-    unsigned char* tiles;          // L::q_tiles in shared memory
-    const unsigned char* staged;   // the block's first staged tile
+    unsigned char* tiles;  // L::q_tiles in shared memory
+    const unsigned char* staged;  // the block's first staged tile
     unsigned long long* barriers;  // L::barriers
 
     __device__ __forceinline__ unsigned char* stage(int item) const {
@@ -90,8 +90,8 @@ struct QueryStages {
 template <typename L>
 struct QueryRing {
     static constexpr int SLOTS = L::RING_SLOTS;
-    unsigned char* slots;          // L::q_tiles in shared memory
-    const unsigned char* staged;   // the block's first staged tile
+    unsigned char* slots;  // L::q_tiles in shared memory
+    const unsigned char* staged;  // the block's first staged tile
     unsigned long long* barriers;  // L::barriers
 
     __device__ __forceinline__ unsigned char* slot(int i) const { return slots + i % SLOTS * L::RING_SLOT; }
@@ -129,8 +129,8 @@ struct QueryRing {
 // barriers[2] and [3]. fetch*: one thread.
 template <typename L>
 struct KeyStages {
-    unsigned char* tiles;          // L::kv_tiles in shared memory
-    const unsigned char* staged;   // the block's first staged tile
+    unsigned char* tiles;  // L::kv_tiles in shared memory
+    const unsigned char* staged;  // the block's first staged tile
     unsigned long long* barriers;  // L::barriers
 
     __device__ __forceinline__ unsigned char* stage(int tile) const {

@@ -16,12 +16,10 @@ namespace cupyattn {
 // contiguous columns) to shared memory (row stride DST_STRIDE), zero-filling rows
 // >= valid_rows and columns >= valid_cols so padding never changes a result.
 template <typename T, int ROWS, int COLS, int DST_STRIDE, int THREADS>
-__device__ __forceinline__ void load_tile(T* dst, const T* src, long long src_stride,
-                                          int valid_rows, int valid_cols) {
+__device__ __forceinline__ void load_tile(T* dst, const T* src, long long src_stride, int valid_rows, int valid_cols) {
     for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
         const int r = i / COLS, c = i % COLS;
-        dst[r * DST_STRIDE + c] =
-            (r < valid_rows && c < valid_cols) ? src[r * src_stride + c] : Elem<T>::zero();
+        dst[r * DST_STRIDE + c] = (r < valid_rows && c < valid_cols) ? src[r * src_stride + c] : Elem<T>::zero();
     }
 }
 
@@ -172,8 +170,7 @@ struct WarpTile {
             for (int c = 0; c < NCOLS; ++c) {
                 float k[ROWS];
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r)
-                    k[r] = __shfl_sync(FULL_MASK, coef[r][c / COL_LANES], c % COL_LANES);
+                for (int r = 0; r < ROWS; ++r) k[r] = __shfl_sync(FULL_MASK, coef[r][c / COL_LANES], c % COL_LANES);
 #pragma unroll
                 for (int t = 0; t < WORDS_PER_LANE; ++t) {
                     const int w = lane + 32 * t;
@@ -190,8 +187,8 @@ struct WarpTile {
         }
 
         // out[r * row_stride + d] = v[r][d] * factor[r] for rows < valid_rows, d < dim.
-        __device__ void store(T* out, long long row_stride, int valid_rows, int dim,
-                              const float (&factor)[ROWS], int lane) const {
+        __device__ void store(T* out, long long row_stride, int valid_rows, int dim, const float (&factor)[ROWS],
+                              int lane) const {
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
                 if (r >= valid_rows) break;

@@ -109,7 +109,8 @@ __device__ __forceinline__ void stage_operand(float* rows_out, float* transposed
 }
 
 template <typename Op, int D_PAD, int BLOCK_N, bool DQ, bool TRANSPOSED = true, bool PARTS_AS_ROWS = false>
-__global__ void __launch_bounds__(STAGING_THREADS)
+__global__ void
+__launch_bounds__(STAGING_THREADS)
 stage_keys_tf32(const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ staged,
                 long long k_sb, long long k_ss, long long k_sh, long long v_sb, long long v_ss, long long v_sh,
                 int n_heads_kv, int seqlen_k, int head_dim, int n_tiles) {

@@ -272,20 +272,18 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 // wide, two k-steps a group, 4 deep (WIDE: the "fp32" backward's score products, e.g.
 // at D=256), a k-step's big·big and big·small products are one n32 wgmma (A big, B big
 // | small) into its group's fresh accumulator, and its small·big one n16 wgmma: four
-// wgmmas a group where six n16 ran (n32 runs at the full rate, n16 does not). A group's left (big·big) and right (big·small) 16 columns
-// are added to d with rounded adds, as many a group as before; its big·big chain of two
-// products truncates as often as one k-step's chain of three did, so the sums are as
-// accurate (scripts/tf32_error_model.py --wide). The small·big products (2^-11 of the
-// big ones) chain in one n16 accumulator over all k-steps, added to d last. Not the
-// same bits as without it. Elsewhere the same algorithm, its descriptors stepping over
-// the parts.
+// wgmmas a group where six n16 ran (n32 runs at the full rate, n16 does not). A group's left (big·big) and right
+// (big·small) 16 columns are added to d with rounded adds, as many a group as before; its big·big chain of two products
+// truncates as often as one k-step's chain of three did, so the sums are as accurate (scripts/tf32_error_model.py
+// --wide). The small·big products (2^-11 of the big ones) chain in one n16 accumulator over all k-steps, added to d
+// last. Not the same bits as without it. Elsewhere the same algorithm, its descriptors stepping over the parts.
 template <int NP, int N, int K_STEPS, int B_ROWS, bool PARTS_AS_ROWS = false, int DEPTH = 2,
           int GROUP = (DEPTH == 4 ? 2 : 1)>
 __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const float4* const (&a_words)[NP],
                                               const unsigned (&b_addr)[NP], unsigned b_part) {
     using Wg = WgmmaTf32<N>;
     constexpr int B_TILE_ROWS = PARTS_AS_ROWS ? 2 * B_ROWS : B_ROWS;  // rows of a B tile's core matrices
-    constexpr unsigned B_STEP = 2 * (B_TILE_ROWS / 8) * 128;          // bytes per k-step
+    constexpr unsigned B_STEP = 2 * (B_TILE_ROWS / 8) * 128;  // bytes per k-step
     // Where B's small part starts: B_ROWS rows on, or b_part bytes on.
     const unsigned b_small_at = PARTS_AS_ROWS ? (B_ROWS / 8) * 128 : b_part;
     constexpr int IN_FLIGHT = DEPTH / GROUP;  // commit groups
@@ -296,11 +294,11 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
     for (int p = 0; p < NP; ++p) zero_acc(d[p]);
     float step[WIDE ? 1 : DEPTH][NP][N / 8][4];
     float wide[WIDE ? IN_FLIGHT : 1][NP][4][4];  // WIDE: a group's big·big | big·small
-    float small_big[NP][2][4];                   // WIDE: every k-step's small·big
+    float small_big[NP][2][4];  // WIDE: every k-step's small·big
 #pragma unroll
     for (int p = 0; p < NP; ++p) zero_acc(small_big[p]);
     Tf32Words<3, 4> a[DEPTH][NP];  // a k-step's A words stay until its products land
-    float4 words[GROUP][NP];       // the next group's
+    float4 words[GROUP][NP];  // the next group's
     const unsigned top19 = biased_split_mask();
     // WIDE: B's address anew at each call (an asm ptxas cannot hoist), so that its
     // descriptors, loop-invariant where one stage is reused (dQ's), are not hoisted out
@@ -419,8 +417,8 @@ __device__ __forceinline__ void one_of_two_products(float (&d)[N / 8][4], int wh
                                                     const unsigned (&b_addr)[2], unsigned b_part) {
     static_assert(WORDS || !PARTS_AS_ROWS, "B's parts as rows: A from words (words_by_rows)");
     if constexpr (WORDS)
-        words_by_rows<1, N, K_STEPS, B_ROWS, PARTS_AS_ROWS, DEPTH>(
-            just_one(d), {which == 0 ? a_words[0] : a_words[1]}, {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
+        words_by_rows<1, N, K_STEPS, B_ROWS, PARTS_AS_ROWS, DEPTH>(just_one(d), {which == 0 ? a_words[0] : a_words[1]},
+                                                                   {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
     else
         rows_by_rows<PASSES, 1, N, K_STEPS, A_ROWS, B_ROWS, false, DEPTH>(
             just_one(d), {which == 0 ? a_addr[0] : a_addr[1]}, a_part, {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
