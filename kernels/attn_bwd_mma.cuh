@@ -85,8 +85,7 @@ struct BwdDqMmaLayout {
 // row-major in shared memory" product of S = Q K^T. a_rows / b_rows point at
 // the first row; K_DIM is the reduction length.
 template <typename Op, int K_DIM, int NB2, int STRIDE, typename S>
-__device__ __forceinline__ void mma_rows_by_rows(float (&acc)[2 * NB2][4], const S* a_rows,
-                                                 const S* b_rows, int lane) {
+__device__ __forceinline__ void mma_rows_by_rows(float (&acc)[2 * NB2][4], const S* a_rows, const S* b_rows, int lane) {
     constexpr int ROW = STRIDE * (int)sizeof(S), E = (int)sizeof(S);
     const unsigned a_addr = smem_addr(a_rows + a_lane_offset<S>(lane, STRIDE));
     const unsigned b_addr = smem_addr(b_rows + b_lane_offset<S>(lane, STRIDE));
@@ -109,13 +108,12 @@ __device__ __forceinline__ void mma_rows_by_rows(float (&acc)[2 * NB2][4], const
 // row-major in shared memory at b) read k-major: P^T dO, dS^T Q, dS K
 // (acc_times_kmajor in mma.cuh, one row tile).
 template <typename Op, int K_BLOCKS, int OUT_BLOCKS, int STRIDE, typename S>
-__device__ __forceinline__ void mma_acc_by_rows(float (&acc)[OUT_BLOCKS][4], const float (&x)[K_BLOCKS][4],
-                                                const S* b, int lane) {
+__device__ __forceinline__ void mma_acc_by_rows(float (&acc)[OUT_BLOCKS][4], const float (&x)[K_BLOCKS][4], const S* b,
+                                                int lane) {
     using One = float[1][OUT_BLOCKS][4];
     using OneIn = const float[1][K_BLOCKS][4];
-    acc_times_kmajor<Op, 1, K_BLOCKS, OUT_BLOCKS, STRIDE * (int)sizeof(S)>(
-        reinterpret_cast<One&>(acc), reinterpret_cast<OneIn&>(x),
-        smem_addr(b + Op::kmajor_lane_offset(lane, STRIDE)));
+    acc_times_kmajor<Op, 1, K_BLOCKS, OUT_BLOCKS, STRIDE*(int)sizeof(S)>(
+        reinterpret_cast<One&>(acc), reinterpret_cast<OneIn&>(x), smem_addr(b + Op::kmajor_lane_offset(lane, STRIDE)));
 }
 
 template <int N>
@@ -147,7 +145,8 @@ __device__ __forceinline__ void store_acc(T* dst, long long dst_stride, const fl
 }
 
 template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+__global__ void
+__launch_bounds__(NUM_WARPS * 32, 1)
 attn_bwd_dkdv_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                   const T* __restrict__ dout, const float* __restrict__ lse,
                   const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,

@@ -36,7 +36,8 @@ constexpr float LOG2E = 1.4426950408889634f;
 // a warp has 2 x ROWS_PER_WARP in flight (one row a warp: blocks too short for their
 // loads' latency, ~300 GB/s on the H200 at head dim 64).
 template <typename T, int NUM_WARPS, int ROWS_PER_WARP>
-__global__ void __launch_bounds__(NUM_WARPS * 32)
+__global__ void
+__launch_bounds__(NUM_WARPS * 32)
 attn_bwd_delta(const T* __restrict__ dout, const T* __restrict__ out, float* __restrict__ delta,
                long long do_sb, long long do_ss, long long do_sh,
                long long o_sb, long long o_ss, long long o_sh,

@@ -45,7 +45,8 @@ struct FwdMmaLayout {
 };
 
 template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+__global__ void
+__launch_bounds__(NUM_WARPS * 32, 1)
 attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
              T* __restrict__ out, float* __restrict__ lse,
              long long q_sb, long long q_ss, long long q_sh,

@@ -36,7 +36,8 @@ struct FwdSimtLayout {
 };
 
 template <typename T, int D_PAD, int DV_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+__global__ void
+__launch_bounds__(NUM_WARPS * 32, 1)
 attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
               T* __restrict__ out, float* __restrict__ lse,
               long long q_sb, long long q_ss, long long q_sh,

@@ -21,9 +21,7 @@
 // BLOCK_N-key tile as this kernel's shared memory holds it (K's TF32 parts, then V^T's,
 // in core-matrix order), and the forward copies each tile whole with one bulk copy
 // (cp.async.bulk) per operand, counted by an mbarrier; one thread issues the copies,
-// STAGES tiles ahead. With every query block splitting every key tile itself (the
-// sixth session's kernel), the split and its two block barriers per tile took 30-60% of
-// the time on the H200 (BENCHMARKS.md, eighth session). With one stage (where two do not
+// STAGES tiles ahead, so that no query block splits a key tile itself. With one stage (where two do not
 // fit) the next tile's K comes in once every warpgroup is done with S = Q K^T, its V
 // once P V is done.
 //
@@ -52,9 +50,7 @@ struct FwdWgmmaLayout {
     static constexpr int PARTS = Op::passes == 3 ? 2 : 1;
     // 3xTF32 from head dim 128: Q kept once as float32 in each lane's A-register order
     // and split per k-step in registers (Q_IN_REGISTERS below), half the bytes of two
-    // parts, so that larger key tiles or a second stage fit beside it (at 128, 64-key
-    // tiles: 12% faster on the H200 than the best tile with Q's parts in shared memory;
-    // at 256, two 16-key stages or one of 32 keys, where only (64, 16, 4) fitted).
+    // parts, so that larger key tiles or a second stage fit beside it.
     static constexpr bool Q_IN_REGISTERS = Op::passes == 3 && D_PAD >= 128;
     static constexpr int Q_BYTES = (Q_IN_REGISTERS ? 1 : PARTS) * BLOCK_M * D_PAD * 4;
     static constexpr int K_BYTES = PARTS * BLOCK_N * D_PAD * 4;  // one operand of a staged key tile (K or V^T)
@@ -71,7 +67,8 @@ struct FwdWgmmaLayout {
 };
 
 template <typename T, typename Op, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NUM_WARPS * 32, 1)
+__global__ void
+__launch_bounds__(NUM_WARPS * 32, 1)
 attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                float* __restrict__ out, float* __restrict__ lse,
                long long q_sb, long long q_ss, long long q_sh,

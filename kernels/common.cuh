@@ -15,15 +15,19 @@ constexpr float LN2 = 0.6931471805599453f;
 __host__ __device__ constexpr int align16(int bytes) { return (bytes + 15) / 16 * 16; }
 
 // std::is_same_v without <type_traits> (not every NVRTC ships it).
-template <typename A, typename B> constexpr bool same_type = false;
-template <typename A> constexpr bool same_type<A, A> = true;
+template <typename A, typename B>
+constexpr bool same_type = false;
+template <typename A>
+constexpr bool same_type<A, A> = true;
 
 // Element traits. A "word" is 4 bytes of a shared-memory row: one float or two
 // halves. SIMT kernels read shared memory a word per lane, which is what the
 // one-word row padding against bank conflicts is measured in.
-template <typename T> struct Elem;
+template <typename T>
+struct Elem;
 
-template <> struct Elem<float> {
+template <>
+struct Elem<float> {
     static constexpr int VEC = 1;
     using Word = float;
     __device__ static float to_float(float x) { return x; }
@@ -32,7 +36,8 @@ template <> struct Elem<float> {
     __device__ static void unpack(Word w, float (&f)[VEC]) { f[0] = w; }
 };
 
-template <> struct Elem<__half> {
+template <>
+struct Elem<__half> {
     static constexpr int VEC = 2;
     using Word = __half2;
     __device__ static float to_float(__half x) { return __half2float(x); }
@@ -45,7 +50,8 @@ template <> struct Elem<__half> {
     }
 };
 
-template <> struct Elem<__nv_bfloat16> {
+template <>
+struct Elem<__nv_bfloat16> {
     static constexpr int VEC = 2;
     using Word = __nv_bfloat162;
     __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -99,10 +105,8 @@ template <class Layout, int TOTAL, int... OFFSETS>
 struct LayoutAgrees {
     static_assert(sizeof...(OFFSETS) == Layout::num_buffers,
                   "planner and kernel disagree on the number of shared-memory buffers");
-    static_assert(offsets_match<Layout, OFFSETS...>(),
-                  "planner and kernel disagree on shared-memory buffer offsets");
-    static_assert(Layout::total == TOTAL,
-                  "planner and kernel disagree on the total shared-memory bytes");
+    static_assert(offsets_match<Layout, OFFSETS...>(), "planner and kernel disagree on shared-memory buffer offsets");
+    static_assert(Layout::total == TOTAL, "planner and kernel disagree on the total shared-memory bytes");
     static constexpr bool value = true;
 };
 

@@ -66,10 +66,13 @@ __device__ __forceinline__ unsigned lds32(unsigned addr) {
 //   loads: the accumulator tile of 8 keys holds keys 2t, 2t + 1 in lane t of a
 //   quad, where the m16n8k8 A layout wants keys t, t + 4, so the k order inside
 //   each 8-key step is permuted (k' = 2t + e) and B is read in the same order.
-template <typename S> struct MmaHalf;
+template <typename S>
+struct MmaHalf;
 
-template <typename S> struct HalfOps;
-template <> struct HalfOps<__half> {
+template <typename S>
+struct HalfOps;
+template <>
+struct HalfOps<__half> {
     __device__ static unsigned pack(float lo, float hi) {
         __half2 h = __floats2half2_rn(lo, hi);
         return *reinterpret_cast<unsigned*>(&h);
@@ -82,7 +85,8 @@ template <> struct HalfOps<__half> {
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
 };
-template <> struct HalfOps<__nv_bfloat16> {
+template <>
+struct HalfOps<__nv_bfloat16> {
     __device__ static unsigned pack(float lo, float hi) {
         __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
         return *reinterpret_cast<unsigned*>(&h);
@@ -100,8 +104,12 @@ template <typename S>
 struct MmaHalf {
     using Smem = S;
     static constexpr int K_STEP = 16;
-    struct A { unsigned r[4]; };  // 16 x 16
-    struct B { unsigned r[4]; };  // 16 x 8 for two column blocks: r[0..1] block j, r[2..3] block j + 1
+    struct A {
+        unsigned r[4];
+    };  // 16 x 16
+    struct B {
+        unsigned r[4];
+    };  // 16 x 8 for two column blocks: r[0..1] block j, r[2..3] block j + 1
 
     __device__ static void load_a(A& a, unsigned addr) { ldmatrix_x4(a.r, addr); }
     __device__ static void load_b(B& b, unsigned addr) { ldmatrix_x4(b.r, addr); }
@@ -130,8 +138,8 @@ __device__ __forceinline__ unsigned to_tf32(float x) {
     return r;
 }
 
-__device__ __forceinline__ void mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                         unsigned b0, unsigned b1) {
+__device__ __forceinline__ void mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                         unsigned b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
@@ -170,8 +178,8 @@ struct Tf32Words {
     }
     // set(i, x) from rounding_biased(x) (below), in two instructions: big is the biased
     // word as it is - its top 19 bits are x rounded as set rounds it, and wgmma reads
-    // those only (tests/test_precision_gpu.py; the H200's errors unchanged: BENCHMARKS.md,
-    // twenty-second session) - and small = biased - (rounded + the half unit).
+    // those only (tests/test_precision_gpu.py) - and small = biased - (rounded + the half
+    // unit).
     // top19: 0xFFFFE000 in a register (biased_split_mask()), so that the mask and the or
     // are one LOP3 (with both as immediates ptxas rebuilt the mask before each).
     __device__ void set_from_biased(int i, float biased, unsigned top19) {
@@ -275,8 +283,8 @@ struct MmaTf32 {
 // lane's kmajor_lane_offset), row stride ROW bytes. The products O = P V, dV = P^T dO,
 // dK = dS^T Q and dQ = dS K, summed over every key or query of a long sequence.
 template <typename Op, int MT, int K_BLOCKS, int OUT_BLOCKS, int ROW>
-__device__ __forceinline__ void acc_times_kmajor(float (&acc)[MT][OUT_BLOCKS][4],
-                                                 const float (&x)[MT][K_BLOCKS][4], unsigned b_addr) {
+__device__ __forceinline__ void acc_times_kmajor(float (&acc)[MT][OUT_BLOCKS][4], const float (&x)[MT][K_BLOCKS][4],
+                                                 unsigned b_addr) {
     constexpr int E = (int)sizeof(typename Op::Smem);
     constexpr int KB = Op::K_STEP / 8;  // accumulator blocks per k-step
 #pragma unroll
@@ -313,26 +321,29 @@ __device__ __forceinline__ int b_lane_offset(int lane, int stride) {
 // padding, so the 8 rows one ldmatrix phase reads fall in 8 different 16-byte
 // bank groups, and (float) the k-major reads of rows 2t, 2t + 1 hit 32 banks.
 template <typename Smem, int D_PAD>
-__host__ __device__ constexpr int padded_stride() { return D_PAD + 16 / (int)sizeof(Smem); }
+__host__ __device__ constexpr int padded_stride() {
+    return D_PAD + 16 / (int)sizeof(Smem);
+}
 
 // 16-byte asynchronous copy; src_bytes < 16 zero-fills the rest (0: all zeros).
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 // Copy a [ROWS][COLS] tile (COLS a multiple of 8 elements) from global memory
 // (row stride src_stride elements, 16-byte aligned rows) into shared memory
 // (row stride DST_STRIDE) with 16-byte cp.async; rows >= valid_rows and
 // 16-byte chunks at or past valid_cols (a multiple of 8) are zero-filled.
 template <typename T, int ROWS, int COLS, int DST_STRIDE, int THREADS>
-__device__ __forceinline__ void cp_async_tile(T* dst, const T* src, long long src_stride,
-                                              int valid_rows, int valid_cols) {
+__device__ __forceinline__ void cp_async_tile(T* dst, const T* src, long long src_stride, int valid_rows,
+                                              int valid_cols) {
     constexpr int CHUNK = 16 / (int)sizeof(T);  // elements per 16 bytes
     constexpr int CHUNKS = COLS / CHUNK;
     // Not unrolled: unrolled, ptxas keeps every row's 64-bit source address live
@@ -350,8 +361,7 @@ __device__ __forceinline__ void cp_async_tile(T* dst, const T* src, long long sr
 // through registers (8 elements per step: two 16-byte loads, one 16-byte store),
 // which halves the tile's shared memory but waits for the loads.
 template <typename T, typename S, int ROWS, int COLS, int DST_STRIDE, int THREADS>
-__device__ __forceinline__ void stage_tile(S* dst, const T* src, long long src_stride,
-                                           int valid_rows, int valid_cols) {
+__device__ __forceinline__ void stage_tile(S* dst, const T* src, long long src_stride, int valid_rows, int valid_cols) {
     if constexpr (same_type<T, S>) {
         cp_async_tile<T, ROWS, COLS, DST_STRIDE, THREADS>(dst, src, src_stride, valid_rows, valid_cols);
     } else {

@@ -16,12 +16,10 @@ namespace cupyattn {
 // contiguous columns) to shared memory (row stride DST_STRIDE), zero-filling rows
 // >= valid_rows and columns >= valid_cols so padding never changes a result.
 template <typename T, int ROWS, int COLS, int DST_STRIDE, int THREADS>
-__device__ __forceinline__ void load_tile(T* dst, const T* src, long long src_stride,
-                                          int valid_rows, int valid_cols) {
+__device__ __forceinline__ void load_tile(T* dst, const T* src, long long src_stride, int valid_rows, int valid_cols) {
     for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
         const int r = i / COLS, c = i % COLS;
-        dst[r * DST_STRIDE + c] =
-            (r < valid_rows && c < valid_cols) ? src[r * src_stride + c] : Elem<T>::zero();
+        dst[r * DST_STRIDE + c] = (r < valid_rows && c < valid_cols) ? src[r * src_stride + c] : Elem<T>::zero();
     }
 }
 
@@ -31,11 +29,8 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, long long src_st
 // together and share its K and V in L2. Causal (a block's work falls with its rank):
 // groups of heads in turn, each handing out its tiles heaviest first, heads fastest.
 // With rank fastest over the whole grid the last head's heaviest tile starts near the
-// end and runs alone (scripts/grid_order_model.py: 32 tiles x 64 heads on 132 SMs 7%
-// over an even split, grouped under 1%). A group spans about 256 blocks (one head for
-// 256 tiles or more, at most 32 heads): on the H200, 8 heads of 32 tiles were faster
-// than 16 (docs in BENCHMARKS.md, eleventh session), more heads at once streaming more
-// K and V through L2.
+// end and runs alone. A group spans about 256 blocks (one head for 256 tiles or more,
+// at most 32 heads): more heads at once stream more K and V through L2.
 template <bool CAUSAL>
 __device__ __forceinline__ void grid_slot(int num_tiles, int& rank, long long& bh) {
     const long long block = blockIdx.x;
@@ -175,8 +170,7 @@ struct WarpTile {
             for (int c = 0; c < NCOLS; ++c) {
                 float k[ROWS];
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r)
-                    k[r] = __shfl_sync(FULL_MASK, coef[r][c / COL_LANES], c % COL_LANES);
+                for (int r = 0; r < ROWS; ++r) k[r] = __shfl_sync(FULL_MASK, coef[r][c / COL_LANES], c % COL_LANES);
 #pragma unroll
                 for (int t = 0; t < WORDS_PER_LANE; ++t) {
                     const int w = lane + 32 * t;
@@ -193,8 +187,8 @@ struct WarpTile {
         }
 
         // out[r * row_stride + d] = v[r][d] * factor[r] for rows < valid_rows, d < dim.
-        __device__ void store(T* out, long long row_stride, int valid_rows, int dim,
-                              const float (&factor)[ROWS], int lane) const {
+        __device__ void store(T* out, long long row_stride, int valid_rows, int dim, const float (&factor)[ROWS],
+                              int lane) const {
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
                 if (r >= valid_rows) break;

@@ -42,8 +42,7 @@ __host__ __device__ constexpr int core_offset(int r, int k) {
 // where the loops unroll), one integer add a descriptor where a mask, a shift and an
 // or of the whole address ran before every wgmma.
 template <int R>
-__host__ __device__ __forceinline__ constexpr unsigned long long wgmma_desc(unsigned base,
-                                                                              unsigned offset = 0) {
+__host__ __device__ __forceinline__ constexpr unsigned long long wgmma_desc(unsigned base, unsigned offset = 0) {
     constexpr unsigned LEADING = (R / 8) * 128, STRIDE = 128;
     const unsigned lo = ((base >> 4) | ((LEADING >> 4) << 16)) + (offset >> 4);
     return (unsigned long long)lo | ((unsigned long long)(STRIDE >> 4) << 32);
@@ -52,24 +51,22 @@ __host__ __device__ __forceinline__ constexpr unsigned long long wgmma_desc(unsi
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // This thread's warp in the block, broadcast from lane 0: provably warp-uniform, so that
 // ptxas keeps the wgmma descriptors built from it in uniform registers (threadIdx.x / 32
-// it cannot prove uniform: an R2UR pair before every HGMMA, twenty-first session).
+// it cannot prove uniform: an R2UR pair before every HGMMA).
 __device__ __forceinline__ int warp_uniform_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x / 32), 0); }
 // The 128 threads of warpgroup `wg` wait for each other (named barrier wg + 1; 0 is
 // __syncthreads').
-__device__ __forceinline__ void warpgroup_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory"); }
+__device__ __forceinline__ void warpgroup_barrier(int wg) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
+}
 // `threads` threads (whole warps) wait for each other on named barrier `id` (past
-// warpgroup_barrier's 1-4); the others do not take part. bar.sync counts the threads of
-// this call and of named_barrier_arrive's, whichever warps they are.
+// warpgroup_barrier's 1-4); the others do not take part.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// This warp counts towards named barrier `id` of `threads` threads without waiting: a
-// producer's word to the threads that wait there that it is done with something.
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 // The first `threads` threads of the block (whole warps) wait for each other on named
 // barrier `id`; the others do not take part.
@@ -84,7 +81,9 @@ __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned 
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(wg_smem_addr(bar)), "r"(arrivals) : "memory");
 }
 // The barriers' initialization is visible to the asynchronous proxy (the copies).
-__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_mbarrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 
 // Thread 0 initializes N mbarriers of one arrival each (the thread that arms them),
 // and after them EMPTY more of EMPTY_ARRIVALS each (a "slot is free" barrier that each
@@ -114,8 +113,7 @@ __device__ __forceinline__ void mbarrier_arrive_warp(unsigned long long* bar) {
 }
 
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src to shared
-// dst; the barrier's current phase completes when they have landed. (scripts/copy_probe.py
-// times copies of the tree that move fewer bytes, or fewer distinct ones, here.)
+// dst; the barrier's current phase completes when they have landed.
 __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes,
                                                     unsigned long long* bar) {
     // copy probe
@@ -132,10 +130,11 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
 __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
     unsigned done = 0;
     while (!done)
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(wg_smem_addr(bar)), "r"(parity)
-                     : "memory");
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(wg_smem_addr(bar)), "r"(parity)
+            : "memory");
 }
 
 template <int NB>
@@ -151,9 +150,11 @@ __device__ __forceinline__ void fence_operand(unsigned (&w)[NW]) {
     for (int i = 0; i < NW; ++i) asm volatile("" : "+r"(w[i])::"memory");
 }
 
-#define CUPYATTN_ACC8(d, j)                                                                            \
-    "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3]), "+f"(d[j + 1][0]), "+f"(d[j + 1][1]), \
+#define CUPYATTN_ACC8(d, j)                                                                                            \
+    "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3]), "+f"(d[j + 1][0]), "+f"(d[j + 1][1]),                  \
         "+f"(d[j + 1][2]), "+f"(d[j + 1][3])
+// The operand lists as written (formatted, they do not settle).
+// clang-format off
 #define CUPYATTN_REGS8 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define CUPYATTN_REGS16 CUPYATTN_REGS8 ", %8, %9, %10, %11, %12, %13, %14, %15"
 #define CUPYATTN_REGS32 \
@@ -161,39 +162,43 @@ __device__ __forceinline__ void fence_operand(unsigned (&w)[NW]) {
 #define CUPYATTN_REGS64 \
     CUPYATTN_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+// clang-format on
 
 // d (+)= A B^T, m64nNk8, TF32. ACCUMULATE = false overwrites d (scale-d = 0).
-template <int N> struct WgmmaTf32;
+template <int N>
+struct WgmmaTf32;
 
-#define CUPYATTN_WGMMA_TF32(N, REGS, NEXT_SS_A, NEXT_SS_B, NEXT_SS_P, RS_A, NEXT_RS_B, NEXT_RS_P, ...)        \
-    template <> struct WgmmaTf32<N> {                                                                         \
-        template <bool ACCUMULATE>                                                                            \
-        __device__ static void ss(float (&d)[N / 8][4], unsigned long long a, unsigned long long b) {         \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " NEXT_SS_P ", 0;\n"                               \
-                         "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" REGS "}, " NEXT_SS_A     \
-                         ", " NEXT_SS_B ", p, 1, 1;\n}\n"                                                     \
-                         : __VA_ARGS__                                                                        \
-                         : "l"(a), "l"(b), "n"((int)ACCUMULATE));                                             \
-        }                                                                                                     \
-        template <bool ACCUMULATE>                                                                            \
-        __device__ static void rs(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) {       \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " NEXT_RS_P ", 0;\n"                               \
-                         "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" REGS "}, {" RS_A "}, "   \
-                         NEXT_RS_B ", p, 1, 1;\n}\n"                                                          \
-                         : __VA_ARGS__                                                                        \
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"((int)ACCUMULATE));         \
-        }                                                                                                     \
+#define CUPYATTN_WGMMA_TF32(N, REGS, NEXT_SS_A, NEXT_SS_B, NEXT_SS_P, RS_A, NEXT_RS_B, NEXT_RS_P, ...)                 \
+    template <>                                                                                                        \
+    struct WgmmaTf32<N> {                                                                                              \
+        template <bool ACCUMULATE>                                                                                     \
+        __device__ static void ss(float (&d)[N / 8][4], unsigned long long a, unsigned long long b) {                  \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " NEXT_SS_P                                                 \
+                         ", 0;\n"                                                                                      \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" REGS "}, " NEXT_SS_A              \
+                         ", " NEXT_SS_B ", p, 1, 1;\n}\n"                                                              \
+                         : __VA_ARGS__                                                                                 \
+                         : "l"(a), "l"(b), "n"((int)ACCUMULATE));                                                      \
+        }                                                                                                              \
+        template <bool ACCUMULATE>                                                                                     \
+        __device__ static void rs(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) {                \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " NEXT_RS_P                                                 \
+                         ", 0;\n"                                                                                      \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" REGS "}, {" RS_A "}, " NEXT_RS_B  \
+                         ", p, 1, 1;\n}\n"                                                                             \
+                         : __VA_ARGS__                                                                                 \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"((int)ACCUMULATE));                  \
+        }                                                                                                              \
     };
 
-CUPYATTN_WGMMA_TF32(16, CUPYATTN_REGS8, "%8", "%9", "%10", "%8, %9, %10, %11", "%12", "%13",
-                    CUPYATTN_ACC8(d, 0))
-CUPYATTN_WGMMA_TF32(32, CUPYATTN_REGS16, "%16", "%17", "%18", "%16, %17, %18, %19", "%20", "%21",
-                    CUPYATTN_ACC8(d, 0), CUPYATTN_ACC8(d, 2))
-CUPYATTN_WGMMA_TF32(64, CUPYATTN_REGS32, "%32", "%33", "%34", "%32, %33, %34, %35", "%36", "%37",
-                    CUPYATTN_ACC8(d, 0), CUPYATTN_ACC8(d, 2), CUPYATTN_ACC8(d, 4), CUPYATTN_ACC8(d, 6))
-CUPYATTN_WGMMA_TF32(128, CUPYATTN_REGS64, "%64", "%65", "%66", "%64, %65, %66, %67", "%68", "%69",
-                    CUPYATTN_ACC8(d, 0), CUPYATTN_ACC8(d, 2), CUPYATTN_ACC8(d, 4), CUPYATTN_ACC8(d, 6),
-                    CUPYATTN_ACC8(d, 8), CUPYATTN_ACC8(d, 10), CUPYATTN_ACC8(d, 12), CUPYATTN_ACC8(d, 14))
+CUPYATTN_WGMMA_TF32(16, CUPYATTN_REGS8, "%8", "%9", "%10", "%8, %9, %10, %11", "%12", "%13", CUPYATTN_ACC8(d, 0))
+CUPYATTN_WGMMA_TF32(32, CUPYATTN_REGS16, "%16", "%17", "%18", "%16, %17, %18, %19", "%20", "%21", CUPYATTN_ACC8(d, 0),
+                    CUPYATTN_ACC8(d, 2))
+CUPYATTN_WGMMA_TF32(64, CUPYATTN_REGS32, "%32", "%33", "%34", "%32, %33, %34, %35", "%36", "%37", CUPYATTN_ACC8(d, 0),
+                    CUPYATTN_ACC8(d, 2), CUPYATTN_ACC8(d, 4), CUPYATTN_ACC8(d, 6))
+CUPYATTN_WGMMA_TF32(128, CUPYATTN_REGS64, "%64", "%65", "%66", "%64, %65, %66, %67", "%68", "%69", CUPYATTN_ACC8(d, 0),
+                    CUPYATTN_ACC8(d, 2), CUPYATTN_ACC8(d, 4), CUPYATTN_ACC8(d, 6), CUPYATTN_ACC8(d, 8),
+                    CUPYATTN_ACC8(d, 10), CUPYATTN_ACC8(d, 12), CUPYATTN_ACC8(d, 14))
 
 #undef CUPYATTN_WGMMA_TF32
 #undef CUPYATTN_REGS64

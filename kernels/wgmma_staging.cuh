@@ -8,13 +8,13 @@
 // parts PART words apart, zeros past the sequence and the head dim.
 //
 //   stage_keys_tf32<Op, D_PAD, BLOCK_N, DQ, TRANSPOSED, PARTS_AS_ROWS>: per (batch, kv head,
-//     key tile), tiles of a head consecutive: the forward's [K | V^T], dQ's (DQ) [K | V |
-//     K^T], or [K | V] where the dQ kernel's producer warpgroup makes K^T itself (!TRANSPOSED).
+//     key tile), tiles of a head consecutive: the forward's [K | V^T], dQ's (DQ) [K | V | K^T].
 //   stage_queries_tf32<Op, D_PAD, BLOCK_M, TRANSPOSED, PARTS_AS_ROWS>: per (batch, query head, query
 //     tile), dK/dV's [Q | dO | Q^T | dO^T | lse * log2(e) | delta] (BLOCK_M floats each, 0
-//     past the end), or [Q | dO | lse * log2(e) | delta] where the dK/dV kernel's producer
-//     warpgroup makes Q^T and dO^T itself (!TRANSPOSED: half the bytes staged and copied);
-//     delta = rowsum(dO * O) computed here and written to delta too (the dQ pass reads it).
+//     past the end); delta = rowsum(dO * O) computed here and written to delta too (the dQ
+//     pass reads it).
+// TRANSPOSED is always true (the transposed tiles are staged): it stays a parameter of both
+// kernels only because the planner's names of the PARTS_AS_ROWS launches spell it.
 // PARTS_AS_ROWS (3xTF32, the backward's 16-row tiles whose row tiles are the B operands of
 // words_by_rows' score products): each row tile's big part as its first R rows and its
 // small part as the next R of one 2R-row core-matrix tile, so that one wgmma reads both
@@ -109,14 +109,15 @@ __device__ __forceinline__ void stage_operand(float* rows_out, float* transposed
 }
 
 template <typename Op, int D_PAD, int BLOCK_N, bool DQ, bool TRANSPOSED = true, bool PARTS_AS_ROWS = false>
-__global__ void __launch_bounds__(STAGING_THREADS)
+__global__ void
+__launch_bounds__(STAGING_THREADS)
 stage_keys_tf32(const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ staged,
                 long long k_sb, long long k_ss, long long k_sh, long long v_sb, long long v_ss, long long v_sh,
                 int n_heads_kv, int seqlen_k, int head_dim, int n_tiles) {
     constexpr int PASSES = Op::passes, PARTS = PASSES == 3 ? 2 : 1;
     constexpr int PART = BLOCK_N * D_PAD;  // words per TF32 part
-    constexpr int TILES = DQ && TRANSPOSED ? 3 : 2;
-    static_assert(DQ || TRANSPOSED, "the forward's V^T is staged");
+    constexpr int TILES = DQ ? 3 : 2;
+    static_assert(TRANSPOSED, "the transposed tiles are staged");
     static_assert(DQ || !PARTS_AS_ROWS, "the forward's K tile: parts apart");
     __shared__ __align__(16) float raw[2][STAGING_PIECE * (D_PAD + 4)];
     const int tile = blockIdx.x % n_tiles, bh = blockIdx.x / n_tiles;
@@ -125,8 +126,8 @@ stage_keys_tf32(const float* __restrict__ k, const float* __restrict__ v, float*
     k += b * k_sb + h * k_sh + n0 * k_ss;
     v += b * v_sb + h * v_sh + n0 * v_ss;
     const int rows = seqlen_k - n0;
-    if constexpr (DQ) {  // [K | V | K^T], or [K | V]
-        stage_operand<PASSES, BLOCK_N, D_PAD, true, TRANSPOSED, PARTS_AS_ROWS>(out, out + 2 * PARTS * PART, PART, k,
+    if constexpr (DQ) {  // [K | V | K^T]
+        stage_operand<PASSES, BLOCK_N, D_PAD, true, true, PARTS_AS_ROWS>(out, out + 2 * PARTS * PART, PART, k,
                                                                                k_ss, rows, head_dim, raw);
         stage_operand<PASSES, BLOCK_N, D_PAD, true, false, PARTS_AS_ROWS>(out + PARTS * PART, nullptr, PART, v, v_ss,
                                                                           rows, head_dim, raw);
@@ -148,18 +149,19 @@ stage_queries_tf32(const float* __restrict__ q, const float* __restrict__ dout, 
     constexpr int PART = BLOCK_M * D_PAD;
     constexpr int WARPS = STAGING_THREADS / 32, WARP_ROWS = BLOCK_M / WARPS;
     static_assert(BLOCK_M % WARPS == 0, "rows of delta: as many a warp");
+    static_assert(TRANSPOSED, "the transposed tiles are staged");
     __shared__ __align__(16) float raw[2][STAGING_PIECE * (D_PAD + 4)];
     const int tile = blockIdx.x % n_tiles, bh = blockIdx.x / n_tiles;
     const int b = bh / n_heads_q, h = bh % n_heads_q, m0 = tile * BLOCK_M;
-    constexpr int TILES = TRANSPOSED ? 4 : 2;  // [Q | dO | Q^T | dO^T] or [Q | dO]
+    constexpr int TILES = 4;  // [Q | dO | Q^T | dO^T]
     float* out = staged + (long long)blockIdx.x * (TILES * PARTS * PART + 2 * BLOCK_M);
     q += b * q_sb + h * q_sh + m0 * q_ss;
     dout += b * do_sb + h * do_sh + m0 * do_ss;
     o += b * o_sb + h * o_sh + m0 * o_ss;
     const int rows = seqlen_q - m0;
-    stage_operand<PASSES, BLOCK_M, D_PAD, true, TRANSPOSED, PARTS_AS_ROWS>(out, out + 2 * PARTS * PART, PART, q, q_ss,
+    stage_operand<PASSES, BLOCK_M, D_PAD, true, true, PARTS_AS_ROWS>(out, out + 2 * PARTS * PART, PART, q, q_ss,
                                                                            rows, head_dim, raw);
-    stage_operand<PASSES, BLOCK_M, D_PAD, true, TRANSPOSED, PARTS_AS_ROWS>(out + PARTS * PART, out + 3 * PARTS * PART,
+    stage_operand<PASSES, BLOCK_M, D_PAD, true, true, PARTS_AS_ROWS>(out + PARTS * PART, out + 3 * PARTS * PART,
                                                                            PART, dout, do_ss, rows, head_dim, raw);
     float* rowwise = out + TILES * PARTS * PART;
     const long long at = (long long)bh * seqlen_q + m0;

@@ -9,8 +9,6 @@
 //                      A B^T)
 //   (transposed tiles, R rows becoming the k dimension in the order a register A operand
 //    takes them, come from the staging launches: wgmma_staging.cuh, stage_operand)
-//   transpose_row_tile  that transposed tile made in shared memory from the row tile
-//                      (where a producer warpgroup makes it: attn_bwd_wgmma.cuh, ROWS_STAGED)
 //   zero_transposed_rows  rows from some index on of a transposed tile, zeroed
 //   transpose_core_tile   a tile's transpose, words moved within shared memory
 //   a_words_global     float32 rows of global memory -> each lane's register A words of
@@ -69,8 +67,7 @@ __device__ __forceinline__ void load_then_store(Load load, Store store) {
 // *p (global memory that stays as it is for the whole launch) where ok, else zeros: a
 // predicated load, not a branch. Around a plain load the compiler branched and moved
 // the loaded value out of the branch's registers right after it, which waited for the
-// load: one load in flight at a time however many load_then_store issued (ncu: a
-// tenth of the "tf32" D=256 backward's stall samples, nineteenth session's tree).
+// load: one load in flight at a time however many load_then_store issued.
 __device__ __forceinline__ float4 load_float4_if(const float* p, bool ok) {
     float4 x;
     asm("{\n\t.reg .pred ok;\n\tsetp.ne.b32 ok, %5, 0;\n\tmov.f32 %0, 0f00000000;\n\tmov.f32 %1, 0f00000000;\n\t"
@@ -122,48 +119,6 @@ __device__ __forceinline__ void transpose_core_tile(float* dst, const float* src
         const int w = i % (R * C), core = w / 32;
         const int r = core % (R / 8) * 8 + w % 32 / 4, c = core / (R / 8) * 4 + w % 4;
         dst[i - w + core_offset<C>(c, r)] = src[i];
-    }
-}
-
-// x[0..3] to shared memory at p (16-byte aligned) as one 16-byte store. A float4 store
-// through a pointer into the producer warpgroup's ring slots compiled to four 4-byte
-// stores (16 wavefronts a warp where 4 do: tests/test_ptx_emulator.py counts them).
-__device__ __forceinline__ void store_shared_v4(float* p, const float (&x)[4]) {
-    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(wg_smem_addr(p)), "f"(x[0]), "f"(x[1]), "f"(x[2]),
-                 "f"(x[3])
-                 : "memory");
-}
-
-// The transposed tile (stage_operand's order: D_PAD rows d, the R rows as slots permuted
-// within 8) of an R x D_PAD row tile (core-matrix order), PARTS parts R * D_PAD words
-// apart, made in shared memory by WARPS warps (`warp` = 0..WARPS-1 of them, not a whole
-// block: a producer warpgroup's). A permutation of words, so TF32 parts stay exact.
-// A warp takes 8 rows (one row group) x 16 columns at a time: lane (p, d) reads rows p,
-// p + 2, p + 4, p + 6 of column d and stores them as one 16-byte word (slots 4p..4p+3:
-// consecutive lanes, consecutive words). Each lane reads its 4 rows starting at a
-// different one (rot, from its column's 4-column group), so that each read's 32 lanes
-// hit 32 banks (rows 4 words apart in a core matrix, column groups 32 words apart: in
-// the same order, 4 lanes a bank).
-template <int PARTS, int R, int D_PAD, int WARPS>
-__device__ __forceinline__ void transpose_row_tile(float* transposed, const float* rows, int warp, int lane) {
-    static_assert(R % 8 == 0 && D_PAD % 16 == 0, "8-row groups, 16-column blocks");
-    constexpr int COL_BLOCKS = D_PAD / 16, UNITS = PARTS * (R / 8) * COL_BLOCKS;
-    const int p = lane / 16, rot = lane / 4 % 4;
-#pragma unroll 1
-    for (int u = warp; u < UNITS; u += WARPS) {
-        const int part = u / ((R / 8) * COL_BLOCKS), group = u / COL_BLOCKS % (R / 8);
-        const int d = u % COL_BLOCKS * 16 + lane % 16, row = group * 8 + p;
-        const float* src = rows + part * R * D_PAD;
-        float v[4];  // v[k]: row row + 2 ((k + rot) % 4)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) v[k] = src[core_offset<R>(row + 2 * ((k + rot) % 4), d)];
-        // Slot 4p + j holds row row + 2j = v[(j - rot) % 4]: rotated by rot, in two steps.
-        float w[4], x[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) w[j] = rot & 1 ? v[(j + 3) % 4] : v[j];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) x[j] = rot & 2 ? w[(j + 2) % 4] : w[j];
-        store_shared_v4(transposed + part * R * D_PAD + core_offset<D_PAD>(d, group * 8 + 4 * p), x);
     }
 }
 
@@ -309,31 +264,26 @@ __device__ __forceinline__ void rows_by_rows(float (&d)[NP][N / 8][4], const uns
 // GROUP k-steps go out as one commit group, their products interleaved (each pass of
 // every k-step, then the next pass), so that no two wgmmas in a row add into the same
 // accumulator; DEPTH / GROUP groups are in flight. Each accumulator takes the same
-// products in the same order and is added in k order: the same bits for any GROUP. 4
-// deep (the "fp32" D=256 score products, n16), two at a time: "fp32" D=256 backward
-// -2..-3% (twenty-second session).
+// products in the same order and is added in k order: the same bits for any GROUP (4
+// deep, two at a time: the "fp32" D=256 score products, n16).
 //
 // PARTS_AS_ROWS: each B tile holds its parts as rows, B_ROWS big then B_ROWS small
 // (stage_operand's PARTS_AS_ROWS: one 2 B_ROWS-row core-matrix tile). Where 16 columns
 // wide, two k-steps a group, 4 deep (WIDE: the "fp32" backward's score products, e.g.
 // at D=256), a k-step's big·big and big·small products are one n32 wgmma (A big, B big
 // | small) into its group's fresh accumulator, and its small·big one n16 wgmma: four
-// wgmmas a group where six n16 ran, n32 at the full rate where n16 runs at 60% of it
-// (scripts/wgmma_rate.py). A group's left (big·big) and right (big·small) 16 columns
-// are added to d with rounded adds, as many a group as before; its big·big chain of two
-// products truncates as often as one k-step's chain of three did, so the sums are as
-// accurate (scripts/tf32_error_model.py --wide). The small·big products (2^-11 of the
-// big ones) chain in one n16 accumulator over all k-steps, added to d last. Not the
-// same bits as without it. "fp32" backward at D=256: -5.1% not causal, -5.5% causal
-// (twenty-eighth session). Elsewhere the same algorithm, its descriptors stepping over
-// the parts.
+// wgmmas a group where six n16 ran (n32 runs at the full rate, n16 does not). A group's left (big·big) and right
+// (big·small) 16 columns are added to d with rounded adds, as many a group as before; its big·big chain of two products
+// truncates as often as one k-step's chain of three did, so the sums are as accurate (scripts/tf32_error_model.py
+// --wide). The small·big products (2^-11 of the big ones) chain in one n16 accumulator over all k-steps, added to d
+// last. Not the same bits as without it. Elsewhere the same algorithm, its descriptors stepping over the parts.
 template <int NP, int N, int K_STEPS, int B_ROWS, bool PARTS_AS_ROWS = false, int DEPTH = 2,
           int GROUP = (DEPTH == 4 ? 2 : 1)>
 __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const float4* const (&a_words)[NP],
                                               const unsigned (&b_addr)[NP], unsigned b_part) {
     using Wg = WgmmaTf32<N>;
     constexpr int B_TILE_ROWS = PARTS_AS_ROWS ? 2 * B_ROWS : B_ROWS;  // rows of a B tile's core matrices
-    constexpr unsigned B_STEP = 2 * (B_TILE_ROWS / 8) * 128;          // bytes per k-step
+    constexpr unsigned B_STEP = 2 * (B_TILE_ROWS / 8) * 128;  // bytes per k-step
     // Where B's small part starts: B_ROWS rows on, or b_part bytes on.
     const unsigned b_small_at = PARTS_AS_ROWS ? (B_ROWS / 8) * 128 : b_part;
     constexpr int IN_FLIGHT = DEPTH / GROUP;  // commit groups
@@ -344,11 +294,11 @@ __device__ __forceinline__ void words_by_rows(float (&d)[NP][N / 8][4], const fl
     for (int p = 0; p < NP; ++p) zero_acc(d[p]);
     float step[WIDE ? 1 : DEPTH][NP][N / 8][4];
     float wide[WIDE ? IN_FLIGHT : 1][NP][4][4];  // WIDE: a group's big·big | big·small
-    float small_big[NP][2][4];                   // WIDE: every k-step's small·big
+    float small_big[NP][2][4];  // WIDE: every k-step's small·big
 #pragma unroll
     for (int p = 0; p < NP; ++p) zero_acc(small_big[p]);
     Tf32Words<3, 4> a[DEPTH][NP];  // a k-step's A words stay until its products land
-    float4 words[GROUP][NP];       // the next group's
+    float4 words[GROUP][NP];  // the next group's
     const unsigned top19 = biased_split_mask();
     // WIDE: B's address anew at each call (an asm ptxas cannot hoist), so that its
     // descriptors, loop-invariant where one stage is reused (dQ's), are not hoisted out
@@ -467,8 +417,8 @@ __device__ __forceinline__ void one_of_two_products(float (&d)[N / 8][4], int wh
                                                     const unsigned (&b_addr)[2], unsigned b_part) {
     static_assert(WORDS || !PARTS_AS_ROWS, "B's parts as rows: A from words (words_by_rows)");
     if constexpr (WORDS)
-        words_by_rows<1, N, K_STEPS, B_ROWS, PARTS_AS_ROWS, DEPTH>(
-            just_one(d), {which == 0 ? a_words[0] : a_words[1]}, {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
+        words_by_rows<1, N, K_STEPS, B_ROWS, PARTS_AS_ROWS, DEPTH>(just_one(d), {which == 0 ? a_words[0] : a_words[1]},
+                                                                   {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
     else
         rows_by_rows<PASSES, 1, N, K_STEPS, A_ROWS, B_ROWS, false, DEPTH>(
             just_one(d), {which == 0 ? a_addr[0] : a_addr[1]}, a_part, {which == 0 ? b_addr[0] : b_addr[1]}, b_part);
@@ -483,16 +433,11 @@ __device__ __forceinline__ void one_of_two_products(float (&d)[N / 8][4], int wh
 // before the async proxy's writes).
 // BARRIER_THREADS: 0, the whole block meets (__syncthreads); else that many leading
 // threads, on named barrier 6 (a block with a producer warpgroup past them).
-// WRITE_AFTER_THREADS: 0, or the products are written once that many threads have met
-// on named barrier 8: the consumers (both products done) and the producer warps that
-// read the tiles written over (named_barrier_arrive), so that the swap may use a tile
-// that they, not only the pair, read.
-template <int NB, int BARRIER_THREADS = 0, int WRITE_AFTER_THREADS = 0>
+template <int NB, int BARRIER_THREADS = 0>
 __device__ __forceinline__ void swap_pair_products(float (&both)[2][NB][4], const float (&own)[NB][4],
                                                    float4* const (&swap)[2], int mine, int warp_in_wg, int lane) {
     const int at = warp_in_wg * NB * 32 + lane;
     float4* own_swap = (mine == 0 ? swap[0] : swap[1]) + at;
-    if constexpr (WRITE_AFTER_THREADS != 0) named_barrier_sync(8, WRITE_AFTER_THREADS);
 #pragma unroll
     for (int j = 0; j < NB; ++j) own_swap[j * 32] = make_float4(own[j][0], own[j][1], own[j][2], own[j][3]);
     if constexpr (BARRIER_THREADS == 0)

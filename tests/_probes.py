@@ -49,15 +49,6 @@ __global__ void transpose_core_probe(const float* in, float* out) {
     transpose_core_tile<PARTS, R, C, 128>(smem + PARTS * R * C, smem);
     tile_out<PARTS, R, C>(out, smem + PARTS * R * C);
 }
-// An R x D_PAD row tile made into its transposed tile by the block's WARPS warps
-// (transpose_row_tile, as a producer warpgroup's transposer warps run it).
-template <int PARTS, int R, int D_PAD, int WARPS>
-__global__ void transpose_rows_probe(const float* in, float* out) {
-    extern __shared__ __align__(16) float smem[];
-    tile_in<PARTS, R, D_PAD>(smem, in);
-    transpose_row_tile<PARTS, R, D_PAD, WARPS>(smem + PARTS * R * D_PAD, smem, threadIdx.x / 32, threadIdx.x % 32);
-    tile_out<PARTS, R, D_PAD>(out, smem + PARTS * R * D_PAD);
-}
 // The tile as a transposed one: R slots of D_PAD rows d (stage_operand's order).
 template <int PARTS, int R, int D_PAD>
 __global__ void zero_rows_probe(const float* in, float* out, int from) {

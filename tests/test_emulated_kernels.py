@@ -126,30 +126,21 @@ def _check(precision, grads, q, k, v, dout, out, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_fp32_backward_whose_producer_makes_the_transposed_tiles_runs_whole_on_the_emulator(causal, monkeypatch):
-    """The "fp32" D=256 dK/dV and dQ kernels whose producer warpgroups make dO^T, Q^T and
-    K^T from the staged row tiles (rows_staged: measured slower, not planned), and the
-    planned ones, which copy the staged transposes and take B's parts as rows in their
-    score products (n32: words_by_rows' PARTS_AS_ROWS), every thread of every block run
-    (two key blocks of dK/dV, the second partial; 6 key tiles of dQ; GQA, 2 query heads a
-    key/value head; partial last tiles, Sq != Sk): no deadlock, no race, no shared word
-    read before it is written, the float64 reference's gradients."""
+def test_fp32_backward_with_producer_warpgroups_runs_whole_on_the_emulator(causal):
+    """The "fp32" D=256 dK/dV and dQ kernels as planned: producer warpgroups copy the
+    staged tiles, and the score products take B's parts as rows (n32: words_by_rows'
+    PARTS_AS_ROWS), every thread of every block run (two key blocks of dK/dV, the second
+    partial; 6 key tiles of dQ; GQA, 2 query heads a key/value head; partial last tiles,
+    Sq != Sk): no deadlock, no race, no shared word read before it is written, the float64
+    reference's gradients."""
     from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig
 
-    def configs():
-        return (BwdDkdvWgmmaConfig("float32", "fp32", 256, 16, 64, 8, causal),
-                BwdDqWgmmaConfig("float32", "fp32", 256, 64, 16, 8, causal))
-
+    dkdv = BwdDkdvWgmmaConfig("float32", "fp32", 256, 16, 64, 8, causal)
+    dq_cfg = BwdDqWgmmaConfig("float32", "fp32", 256, 64, 16, 8, causal)
+    assert dkdv.producer_warp and dq_cfg.producer_warp
+    assert dkdv.score_parts_as_rows and dq_cfg.score_parts_as_rows
     problem = _problem(1, 37, 83, 2, 1, 256, causal, seed=256 + causal)
     q, k, v, dout, out, lse, offset = problem
-    dkdv, dq_cfg = configs()
-    assert dkdv.score_parts_as_rows and dq_cfg.score_parts_as_rows
-    _check("fp32", _emulated_backward(dkdv, dq_cfg, *problem), q, k, v, dout, out, causal)
-    monkeypatch.setattr(BwdDkdvWgmmaConfig, "PRODUCER_MAKES_TRANSPOSED", True)
-    monkeypatch.setattr(BwdDqWgmmaConfig, "PRODUCER_MAKES_TRANSPOSED", True)
-    dkdv, dq_cfg = configs()
-    assert dkdv.rows_staged and dq_cfg.rows_staged and not dkdv.staging.transposed
-    assert not dkdv.score_parts_as_rows and not dq_cfg.score_parts_as_rows
     _check("fp32", _emulated_backward(dkdv, dq_cfg, *problem), q, k, v, dout, out, causal)
 
 

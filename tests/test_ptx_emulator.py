@@ -10,7 +10,7 @@ import pytest
 
 from _probes import CORE_TILE_PROBES, compile_probe
 from _ptx_emulator import DeadlockError, PtxKernel, RaceError, UninitializedError, bank_wavefronts
-from _tile_orders import core_offset, slot_row, staged_operands, staged_tiles, tile_orders
+from _tile_orders import core_offset, slot_row, staged_operands, staged_tiles
 from test_compile import _nvrtc_reason
 
 pytestmark = pytest.mark.skipif(_nvrtc_reason() is not None, reason=str(_nvrtc_reason()))
@@ -139,7 +139,7 @@ __global__ void handoff_probe(int* out) {
     __shared__ int words[32];
     if (threadIdx.x < 32) {
         words[threadIdx.x] = 3 * threadIdx.x;
-        if (ARRIVE) named_barrier_arrive(1, 64);
+        if (ARRIVE) asm volatile("bar.arrive 1, 64;" ::: "memory");
     } else {
         if (ARRIVE) named_barrier_sync(1, 64);
         out[threadIdx.x - 32] = words[threadIdx.x - 32];
@@ -283,41 +283,10 @@ def test_transpose_core_tile_puts_each_element_at_its_transposed_place(parts, ro
     np.testing.assert_array_equal(out, want)
 
 
-@pytest.mark.parametrize("parts,rows,d_pad,warps", [(2, 16, 256, 3), (2, 16, 192, 3), (2, 16, 224, 3),
-                                                    (1, 32, 48, 4), (2, 8, 16, 1), (1, 64, 32, 2)])
-def test_transpose_row_tile_makes_the_staged_transposed_tile(parts, rows, d_pad, warps):
-    """transpose_row_tile (the "fp32" D=256 backward's producer warps make Q^T, dO^T and K^T
-    with it): every word where stage_operand stages the transposed tile, each written by
-    one thread (the emulator's race check), at the planned shapes ((2, 16, 192-256) by 3
-    warps) and others."""
-    words = _random_words(parts * rows * d_pad, 7 * rows + d_pad + warps)
-    out = np.full_like(words, 0xFFC00000)  # poisoned
-    kernel = _kernel(CORE_TILE_PROBES, f"transpose_rows_probe<{parts}, {rows}, {d_pad}, {warps}>")
-    kernel.run(32 * warps, [words, out], 2 * words.nbytes)
-    row_at, transposed_at = tile_orders(rows, d_pad)
-    part = rows * d_pad
-    want = np.zeros_like(words)
-    for p in range(parts):
-        want[p * part + transposed_at] = words[p * part + row_at]
-    np.testing.assert_array_equal(out, want)
-
-
-def test_transpose_row_tile_reads_and_writes_shared_memory_without_bank_conflicts():
-    """transpose_row_tile's per-lane rotation of its 4 reads: each warp's 4-byte loads take
-    one wavefront and its 16-byte stores four (512 bytes, the fewest), at the planned
-    shape; without the rotation the loads would take 4 (the columns of a core matrix
-    row 4 words apart share a bank)."""
-    words = _random_words(2 * 16 * 256, 1)
-    out = np.zeros_like(words)
-    wavefronts = {}
-    _kernel(CORE_TILE_PROBES, "transpose_rows_probe<2, 16, 256, 3>").run(96, [words, out], 2 * words.nbytes,
-                                                                          wavefronts=wavefronts)
-    loads = {k: v for k, v in wavefronts.items() if k.startswith("ld.shared.f32")}
-    stores = {k: v for k, v in wavefronts.items() if k.startswith("st.shared.v4")}
-    assert len(loads) == 5 and len(stores) == 1  # (its 4 reads unrolled, and the probe's copy out)
-    assert all(set(v) == {1} for v in loads.values()) and set(next(iter(stores.values()))) == {4}
+def test_bank_wavefronts_counts_the_accesses_a_warp_s_words_need():
     assert bank_wavefronts([(lane, 4 * lane * 32, 4) for lane in range(32)]) == 32  # (one bank, 32 words)
-    assert bank_wavefronts([(lane, 16 * lane, 16) for lane in range(32)]) == 4
+    assert bank_wavefronts([(lane, 16 * lane, 16) for lane in range(32)]) == 4  # (512 bytes: the fewest)
+    assert bank_wavefronts([(lane, 4 * lane, 4) for lane in range(32)]) == 1
 
 
 @pytest.mark.parametrize("parts,rows,d_pad,from_row", [(2, 16, 256, 0), (2, 16, 256, 1), (2, 16, 256, 7),
@@ -339,8 +308,7 @@ def test_zero_transposed_rows_zeroes_the_rows_from_its_index_and_keeps_the_rest(
 @pytest.mark.parametrize("precision,operands,D,rows,parts_as_rows", [
     ("fp32", "dkdv queries", 40, 16, False), ("tf32", "dkdv queries", 64, 32, False), ("fp32", "dq keys", 72, 16, False),
     ("fp32", "forward keys", 40, 16, False), ("tf32", "forward keys", 32, 64, False),
-    ("fp32", "dkdv query rows", 72, 16, False), ("fp32", "dq key rows", 40, 16, False),
-    ("tf32", "dq key rows", 56, 32, False), ("fp32", "dkdv queries", 136, 16, True), ("fp32", "dq keys", 72, 16, True)])
+    ("fp32", "dkdv queries", 136, 16, True), ("fp32", "dq keys", 72, 16, True)])
 def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(precision, operands, D, rows,
                                                                                parts_as_rows):
     """The staging kernels (the launch's grid, one block after another) from strided views
