@@ -1,10 +1,10 @@
 """Command line.
 
-  check     the self-check on this GPU: forward and backward against the float64 reference
-  caps      the capability matrix: head dim x dtype x pass on a device (named ones need no GPU)
-  explain   where one call's shared memory goes, buffer by buffer, with compiled resources
-  plan      the chosen forward configuration and its layout (short form of explain)
-  warmup    compile every configuration this GPU will use, ahead of time
+check     the self-check on this GPU: forward and backward against the float64 reference
+caps      the capability matrix: head dim x dtype x pass on a device (named ones need no GPU)
+explain   where one call's shared memory goes, buffer by buffer, with compiled resources
+plan      the chosen forward configuration and its layout (short form of explain)
+warmup    compile every configuration this GPU will use, ahead of time
 """
 
 from __future__ import annotations
@@ -62,14 +62,16 @@ def _check_case(dtype, shape, rng, spec, smem_limit, backward):
     grads = [cupy.empty_like(x) for x in (q, k, v)]
     for g in grads:
         testing.poison(g)
-    bwd = lambda: api.attention_backward(dout, q, k, v, out, lse, causal=causal, dq=grads[0], dk=grads[1],
-                                         dv=grads[2], smem_limit=smem_limit)
+    bwd = lambda: api.attention_backward(
+        dout, q, k, v, out, lse, causal=causal, dq=grads[0], dk=grads[1], dv=grads[2], smem_limit=smem_limit
+    )
     bwd()
     ref = attention_backward_reference(hdo, hq, hk, hv, causal=causal)
     ref_p = attention_backward_reference(hdo, hq, hk, hv, causal=causal, precision=dtype)
-    cmps = [testing.compare(testing.to_host(g), r, rp, dtype, max(Sq * Hq // Hkv, Sk), factor=3.0,
-                            logit_bound=bound)
-            for g, r, rp in zip(grads, ref, ref_p)]
+    cmps = [
+        testing.compare(testing.to_host(g), r, rp, dtype, max(Sq * Hq // Hkv, Sk), factor=3.0, logit_bound=bound)
+        for g, r, rp in zip(grads, ref, ref_p)
+    ]
     bp = plan_backward(problem, spec)
     names = [p.config.name_expression for p in bp.plans]
     detail = "; ".join(f"{n}: {c}" for n, c in zip(("dq", "dk", "dv"), cmps))
@@ -94,14 +96,18 @@ def cmd_check(args) -> int:
     cases = [(dt, shape, bwd) for dt in dtypes for shape in CHECK_SHAPES for bwd in (False, True)]
     cases.append(("float32", FLOAT32_SHAPE, False))
     failures = 0
-    print(f"{'pass':<4} {'dtype':<9} {'B':>2} {'Sq':>5} {'Sk':>5} {'Hq':>3} {'Hkv':>3} {'D':>4} "
-          f"{'causal':<10} {'ms':>8}  result  config")
+    print(
+        f"{'pass':<4} {'dtype':<9} {'B':>2} {'Sq':>5} {'Sk':>5} {'Hq':>3} {'Hkv':>3} {'D':>4} "
+        f"{'causal':<10} {'ms':>8}  result  config"
+    )
     for dtype, shape, backward in cases:
         ok, ms, names, detail = _check_case(dtype, shape, rng, spec, args.smem_limit, backward)
         failures += not ok
         B, Sq, Sk, Hq, Hkv, D, causal = shape
-        print(f"{'bwd' if backward else 'fwd':<4} {dtype:<9} {B:>2} {Sq:>5} {Sk:>5} {Hq:>3} {Hkv:>3} {D:>4} "
-              f"{str(causal):<10} {ms:>8.3f}  {'pass' if ok else 'FAIL'}    {' + '.join(names)}")
+        print(
+            f"{'bwd' if backward else 'fwd':<4} {dtype:<9} {B:>2} {Sq:>5} {Sk:>5} {Hq:>3} {Hkv:>3} {D:>4} "
+            f"{str(causal):<10} {ms:>8.3f}  {'pass' if ok else 'FAIL'}    {' + '.join(names)}"
+        )
         if not ok:
             print(f"    {detail}")
     print(f"{len(cases) - failures} passed, {failures} failed")
@@ -113,9 +119,18 @@ def cmd_plan(args) -> int:
     from .plan import AttentionProblem, plan_forward
 
     spec = resolve_device(args.device).with_smem_limit(args.smem_limit)
-    problem = AttentionProblem(args.dtype, args.head_dim, args.head_dim_v or args.head_dim,
-                               args.causal, args.batch, args.heads, args.heads, args.seqlen, args.seqlen,
-                               precision=args.precision)
+    problem = AttentionProblem(
+        args.dtype,
+        args.head_dim,
+        args.head_dim_v or args.head_dim,
+        args.causal,
+        args.batch,
+        args.heads,
+        args.heads,
+        args.seqlen,
+        args.seqlen,
+        precision=args.precision,
+    )
     print(plan_forward(problem, spec).describe())
     return 0
 
@@ -125,8 +140,7 @@ def _device_or_exit(name: str):
 
     reason = gpu_unavailable_reason() if name == "current" else None
     if reason is not None:
-        print(f"cupyattn: no usable GPU for --device current ({reason}); "
-              "name one instead, e.g. --device rtx6000ada")
+        print(f"cupyattn: no usable GPU for --device current ({reason}); name one instead, e.g. --device rtx6000ada")
         sys.exit(1)
     return resolve_device(name)
 
@@ -135,8 +149,14 @@ def cmd_caps(args) -> int:
     from .explain import CAPS_HEAD_DIMS, DTYPES, capabilities
 
     spec = _device_or_exit(args.device)
-    matrix = capabilities(spec, dtypes=args.dtype or DTYPES, head_dims=args.head_dim or CAPS_HEAD_DIMS,
-                          causal=not args.not_causal, smem_limit=args.smem_limit, compile=args.compile)
+    matrix = capabilities(
+        spec,
+        dtypes=args.dtype or DTYPES,
+        head_dims=args.head_dim or CAPS_HEAD_DIMS,
+        causal=not args.not_causal,
+        smem_limit=args.smem_limit,
+        compile=args.compile,
+    )
     print(matrix.to_json() if args.json else matrix)
     return 0
 
@@ -145,11 +165,21 @@ def cmd_explain(args) -> int:
     from .explain import explain
 
     spec = _device_or_exit(args.device)
-    result = explain(args.head_dim, args.dtype, backward=args.backward, device=spec,
-                     smem_limit=args.smem_limit, causal=args.causal, head_dim_v=args.head_dim_v,
-                     batch=args.batch, heads=args.heads, seqlen_q=args.seqlen,
-                     compile=not args.no_compile, precision=args.precision,
-                     deterministic=not args.nondeterministic)
+    result = explain(
+        args.head_dim,
+        args.dtype,
+        backward=args.backward,
+        device=spec,
+        smem_limit=args.smem_limit,
+        causal=args.causal,
+        head_dim_v=args.head_dim_v,
+        batch=args.batch,
+        heads=args.heads,
+        seqlen_q=args.seqlen,
+        compile=not args.no_compile,
+        precision=args.precision,
+        deterministic=not args.nondeterministic,
+    )
     if args.json:
         import json
 
@@ -170,8 +200,9 @@ def cmd_warmup(args) -> int:
     from .plan import planned_configs
 
     spec = current_device().with_smem_limit(args.smem_limit)
-    configs = planned_configs(spec, args.head_dim or CAPS_HEAD_DIMS, args.dtype or DTYPES, (False, True),
-                              precisions=args.precision or (None,))
+    configs = planned_configs(
+        spec, args.head_dim or CAPS_HEAD_DIMS, args.dtype or DTYPES, (False, True), precisions=args.precision or (None,)
+    )
     if args.shard:  # "i/n": every n-th configuration from the i-th, for n processes side by side
         i, n = (int(x) for x in args.shard.split("/"))
         configs = dict(list(configs.items())[i::n])
@@ -180,10 +211,15 @@ def cmd_warmup(args) -> int:
         t0 = time.perf_counter()
         get_kernel(cfg, spec)
         bar = "#" * (30 * i // len(configs))
-        print(f"\r[{bar:<30}] {i}/{len(configs)} {time.perf_counter() - t0:6.2f}s {cfg.name_expression:<70}",
-              end="", flush=True)
-    print(f"\n{len(configs)} configurations ready in {time.perf_counter() - start:.1f}s "
-          "(CuPy's disk cache keeps them for the next process)")
+        print(
+            f"\r[{bar:<30}] {i}/{len(configs)} {time.perf_counter() - t0:6.2f}s {cfg.name_expression:<70}",
+            end="",
+            flush=True,
+        )
+    print(
+        f"\n{len(configs)} configurations ready in {time.perf_counter() - start:.1f}s "
+        "(CuPy's disk cache keeps them for the next process)"
+    )
     return 0
 
 
@@ -204,14 +240,19 @@ def main(argv=None) -> int:
     plan.add_argument("--heads", type=int, default=16)
     plan.add_argument("--seqlen", type=int, default=4096)
     plan.add_argument("--smem-limit", type=int, default=None)
-    plan.add_argument("--precision", action="append", choices=PRECISIONS,
-                      help="float32 only; repeatable, most preferred first (default fp32)")
+    plan.add_argument(
+        "--precision",
+        action="append",
+        choices=PRECISIONS,
+        help="float32 only; repeatable, most preferred first (default fp32)",
+    )
     plan.set_defaults(func=cmd_plan)
 
     caps = sub.add_parser("caps", help="capability matrix: head dim x dtype x {forward, backward}")
     caps.add_argument("--device", default="current", help="current, or a named GPU (t4, rtx6000ada, sm_89, ...)")
-    caps.add_argument("--dtype", action="append", choices=["float16", "bfloat16", "float32"],
-                      help="repeatable; default all three")
+    caps.add_argument(
+        "--dtype", action="append", choices=["float16", "bfloat16", "float32"], help="repeatable; default all three"
+    )
     caps.add_argument("--head-dim", action="append", type=int, help="repeatable; default 32 64 96 128 160 192 256")
     caps.add_argument("--not-causal", action="store_true", help="plan the non-causal kernels")
     caps.add_argument("--smem-limit", type=int, default=None)
@@ -225,15 +266,22 @@ def main(argv=None) -> int:
     exp.add_argument("--head-dim", type=int, default=128)
     exp.add_argument("--head-dim-v", type=int, default=None)
     exp.add_argument("--backward", action="store_true", help="the backward's dK/dV and dQ kernels")
-    exp.add_argument("--nondeterministic", action="store_true",
-                     help="the backward with deterministic=False (dQ may be fused into dK/dV, by atomics)")
+    exp.add_argument(
+        "--nondeterministic",
+        action="store_true",
+        help="the backward with deterministic=False (dQ may be fused into dK/dV, by atomics)",
+    )
     exp.add_argument("--causal", action="store_true")
     exp.add_argument("--batch", type=int, default=4)
     exp.add_argument("--heads", type=int, default=16)
     exp.add_argument("--seqlen", type=int, default=4096)
     exp.add_argument("--smem-limit", type=int, default=None)
-    exp.add_argument("--precision", action="append", choices=PRECISIONS,
-                     help="float32 only; repeatable, most preferred first (default fp32)")
+    exp.add_argument(
+        "--precision",
+        action="append",
+        choices=PRECISIONS,
+        help="float32 only; repeatable, most preferred first (default fp32)",
+    )
     exp.add_argument("--no-compile", action="store_true", help="skip the NVRTC resource report")
     exp.add_argument("--json", action="store_true")
     exp.set_defaults(func=cmd_explain)
@@ -241,10 +289,15 @@ def main(argv=None) -> int:
     warm = sub.add_parser("warmup", help="precompile every configuration this GPU will use")
     warm.add_argument("--dtype", action="append", choices=["float16", "bfloat16", "float32"])
     warm.add_argument("--head-dim", action="append", type=int)
-    warm.add_argument("--precision", action="append", choices=PRECISIONS,
-                      help="float32 modes to compile (repeatable; default fp32)")
-    warm.add_argument("--shard", default=None, help="i/n: compile every n-th configuration from the i-th "
-                      "(run n processes side by side; NVRTC compiles one at a time per process)")
+    warm.add_argument(
+        "--precision", action="append", choices=PRECISIONS, help="float32 modes to compile (repeatable; default fp32)"
+    )
+    warm.add_argument(
+        "--shard",
+        default=None,
+        help="i/n: compile every n-th configuration from the i-th "
+        "(run n processes side by side; NVRTC compiles one at a time per process)",
+    )
     warm.add_argument("--smem-limit", type=int, default=None)
     warm.set_defaults(func=cmd_warmup)
     args = parser.parse_args(argv)

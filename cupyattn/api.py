@@ -11,15 +11,14 @@ import numpy as np
 
 from .compile import get_kernel
 from .device import current_device, smem_limit_from_env
-from .plan import (CXX_TYPES, MAX_HEAD_DIM, AttentionProblem, MmaConfig, parse_precision, plan_backward,
-                   plan_forward)
+from .plan import CXX_TYPES, MAX_HEAD_DIM, AttentionProblem, MmaConfig, parse_precision, plan_backward, plan_forward
 from .plan.policy import resolve_policy
 from .reference import causal_offset as _causal_offset
 
 LAYOUTS = ("bshd", "bhsd")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_spec(device_id: int):
     return current_device(device_id)
 
@@ -53,8 +52,10 @@ def _as_cupy(name: str, x):
         except Exception as exc:
             problems.append(f"__cuda_array_interface__: {exc}")
     if problems:
-        raise TypeError(f"{name}: could not view {type(x).__module__}.{type(x).__name__} as a GPU array "
-                        f"without copying ({'; '.join(problems)})")
+        raise TypeError(
+            f"{name}: could not view {type(x).__module__}.{type(x).__name__} as a GPU array "
+            f"without copying ({'; '.join(problems)})"
+        )
     return x
 
 
@@ -62,8 +63,10 @@ def _require_cupy(name: str, x):
     import cupy
 
     if isinstance(x, np.ndarray):
-        raise TypeError(f"{name}: expected a cupy.ndarray in GPU memory, got a numpy.ndarray "
-                        f"(host memory); move it with cupy.asarray({name})")
+        raise TypeError(
+            f"{name}: expected a cupy.ndarray in GPU memory, got a numpy.ndarray "
+            f"(host memory); move it with cupy.asarray({name})"
+        )
     if not isinstance(x, cupy.ndarray):
         raise TypeError(f"{name}: expected a cupy.ndarray, got {type(x).__module__}.{type(x).__name__}")
 
@@ -71,8 +74,9 @@ def _require_cupy(name: str, x):
 def _check_array(name: str, x):
     _require_cupy(name, x)
     if x.ndim != 4:
-        raise ValueError(f"{name}: expected 4 dimensions (batch, seqlen, heads, head_dim), "
-                         f"got {x.ndim} with shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name}: expected 4 dimensions (batch, seqlen, heads, head_dim), got {x.ndim} with shape {tuple(x.shape)}"
+        )
     dtype = _dtype_name(x)
     if dtype not in CXX_TYPES:
         raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {dtype}")
@@ -84,9 +88,11 @@ def _to_bshd(x, layout):
 
 def _check_last_dim_contiguous(name: str, x):
     if x.size > 0 and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
-        raise ValueError(f"{name}: expected a contiguous last dimension (stride {x.itemsize} bytes), "
-                         f"got stride {x.strides[-1]} bytes; pass {name}.copy() or a view with "
-                         "contiguous rows")
+        raise ValueError(
+            f"{name}: expected a contiguous last dimension (stride {x.itemsize} bytes), "
+            f"got stride {x.strides[-1]} bytes; pass {name}.copy() or a view with "
+            "contiguous rows"
+        )
 
 
 def _elem_strides(x) -> tuple[int, int, int]:
@@ -179,17 +185,30 @@ class _Call:
 
     def shape_like(self, which: str) -> tuple[int, ...]:
         """Caller-layout shape of an array shaped like q, k or v."""
-        B, S, H, D = {"q": (self.B, self.Sq, self.Hq, self.D), "k": (self.B, self.Sk, self.Hkv, self.D),
-                      "v": (self.B, self.Sk, self.Hkv, self.Dv)}[which]
+        B, S, H, D = {
+            "q": (self.B, self.Sq, self.Hq, self.D),
+            "k": (self.B, self.Sk, self.Hkv, self.D),
+            "v": (self.B, self.Sk, self.Hkv, self.Dv),
+        }[which]
         return (B, H, S, D) if self.layout == "bhsd" else (B, S, H, D)
 
     def problem(self, *others, deterministic: bool = True) -> AttentionProblem:
         """The planning problem; ``others`` (e.g. out) join q, k, v in the alignment check."""
         arrays = (self.qs, self.ks, self.vs) + tuple(self.bshd(x) for x in others)
-        return AttentionProblem(self.dtype, self.D, self.Dv, self.causal_offset is not None,
-                                self.B, self.Hq, self.Hkv, self.Sq, self.Sk,
-                                aligned=all(_rows_16_byte_aligned(x) for x in arrays),
-                                precision=self.precision, deterministic=deterministic)
+        return AttentionProblem(
+            self.dtype,
+            self.D,
+            self.Dv,
+            self.causal_offset is not None,
+            self.B,
+            self.Hq,
+            self.Hkv,
+            self.Sq,
+            self.Sk,
+            aligned=all(_rows_16_byte_aligned(x) for x in arrays),
+            precision=self.precision,
+            deterministic=deterministic,
+        )
 
     def bshd(self, x):
         return _to_bshd(x, self.layout)
@@ -205,16 +224,19 @@ def _validate(q, k, v, causal, scale, layout, precision=None) -> _Call:
         if _dtype_name(x) != dtype:
             raise TypeError(f"{name}: expected dtype {dtype} (the dtype of q), got {_dtype_name(x)}")
         if x.device.id != q.device.id:
-            raise ValueError(f"{name}: expected an array on device {q.device.id} (the device of q), "
-                             f"got device {x.device.id}")
+            raise ValueError(
+                f"{name}: expected an array on device {q.device.id} (the device of q), got device {x.device.id}"
+            )
     qs, ks, vs = (_to_bshd(x, layout) for x in (q, k, v))
     B, Sq, Hq, D = qs.shape
     _, Sk, Hkv, Dv = vs.shape
     if ks.shape[0] != B or vs.shape[0] != B:
         raise ValueError(f"k, v: expected batch {B} (the batch of q), got k {ks.shape[0]}, v {vs.shape[0]}")
     if ks.shape[1] != Sk or ks.shape[2] != Hkv:
-        raise ValueError(f"k, v: expected the same seqlen and heads, got k {tuple(k.shape)} "
-                         f"and v {tuple(v.shape)} (layout {layout!r})")
+        raise ValueError(
+            f"k, v: expected the same seqlen and heads, got k {tuple(k.shape)} "
+            f"and v {tuple(v.shape)} (layout {layout!r})"
+        )
     if ks.shape[3] != D:
         raise ValueError(f"k: expected head_dim {D} (the head_dim of q), got {ks.shape[3]}")
     for name, d in (("q", D), ("v", Dv)):
@@ -224,8 +246,24 @@ def _validate(q, k, v, causal, scale, layout, precision=None) -> _Call:
         raise ValueError(f"k, v: expected a number of heads that divides the {Hq} heads of q, got {Hkv}")
     for name, x in (("q", qs), ("k", ks), ("v", vs)):
         _check_last_dim_contiguous(name, x)
-    return _Call(qs, ks, vs, layout, dtype, q.device.id, B, Sq, Sk, Hq, Hkv, D, Dv,
-                 _causal_offset(causal, Sq, Sk), _parse_scale(scale, D), parse_precision(precision, dtype))
+    return _Call(
+        qs,
+        ks,
+        vs,
+        layout,
+        dtype,
+        q.device.id,
+        B,
+        Sq,
+        Sk,
+        Hq,
+        Hkv,
+        D,
+        Dv,
+        _causal_offset(causal, Sq, Sk),
+        _parse_scale(scale, D),
+        parse_precision(precision, dtype),
+    )
 
 
 def _check_like(name: str, x, shape, dtype: str, device_id: int, c_contiguous: bool = False):
@@ -237,11 +275,9 @@ def _check_like(name: str, x, shape, dtype: str, device_id: int, c_contiguous: b
     if _dtype_name(x) != dtype:
         raise TypeError(f"{name}: expected dtype {dtype}, got {_dtype_name(x)}")
     if x.device.id != device_id:
-        raise ValueError(f"{name}: expected an array on device {device_id} (the device of q), "
-                         f"got device {x.device.id}")
+        raise ValueError(f"{name}: expected an array on device {device_id} (the device of q), got device {x.device.id}")
     if c_contiguous and x.size and not x.flags.c_contiguous:
-        raise ValueError(f"{name}: expected a C-contiguous array, as attention() returns it, "
-                         f"got strides {x.strides}")
+        raise ValueError(f"{name}: expected a C-contiguous array, as attention() returns it, got strides {x.strides}")
     _check_last_dim_contiguous(name, x)
 
 
@@ -285,8 +321,8 @@ def stage_tiles(staging, spec, a, b, out=None, lse=None, delta=None):
     """The TF32 tiles a wgmma kernel copies whole (``plan.StagingConfig``), as a new flat
     float32 array of ``staging.workspace_bytes`` bytes: from K and V ((B, Sk, Hkv, D)
     float32 views, last dimension contiguous) for "forward keys" and "dq keys"; from Q and
-    dO ((B, Sq, Hq, D)) for "dkdv queries", with the output O (as dO) and lse ((B, Hq, Sq)), which also writes delta = rowsum(dO * O)
-    ((B, Hq, Sq), as attn_bwd_delta)."""
+    dO ((B, Sq, Hq, D)) for "dkdv queries", with the output O (as dO) and lse ((B, Hq, Sq)),
+    which also writes delta = rowsum(dO * O) ((B, Hq, Sq), as attn_bwd_delta)."""
     import cupy
 
     B, S, H, D = a.shape
@@ -294,14 +330,42 @@ def stage_tiles(staging, spec, a, b, out=None, lse=None, delta=None):
     tiles = staging.tiles(S)
     queries = staging.queries
     rowwise = (_ptr(out), _ptr(lse), _ptr(delta)) if queries else ()
-    _launch(staging, spec, tiles * B * H, "q" if queries else "k", (
-        _ptr(a), _ptr(b), *rowwise, _ptr(staged), *_elem_strides(a), *_elem_strides(b),
-        *(_elem_strides(out) if queries else ()), np.int32(H), np.int32(S), np.int32(D), np.int32(tiles)))
+    _launch(
+        staging,
+        spec,
+        tiles * B * H,
+        "q" if queries else "k",
+        (
+            _ptr(a),
+            _ptr(b),
+            *rowwise,
+            _ptr(staged),
+            *_elem_strides(a),
+            *_elem_strides(b),
+            *(_elem_strides(out) if queries else ()),
+            np.int32(H),
+            np.int32(S),
+            np.int32(D),
+            np.int32(tiles),
+        ),
+    )
     return staged
 
 
-def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
-              layout="bshd", smem_limit=None, precision=None, policy=None):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    scale=None,
+    return_lse=False,
+    out=None,
+    layout="bshd",
+    smem_limit=None,
+    precision=None,
+    policy=None,
+):
     """Exact attention ``softmax(scale * Q K^T) V`` with FlashAttention's tiled algorithm.
 
     Args:
@@ -361,20 +425,56 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, out=None,
         # The staged array stays referenced until its kernel is launched: freed earlier,
         # its memory could be unmapped (no pool) or handed out again before the launch.
         staged = (stage_tiles(staging, spec, ks, vs),) if staging is not None else ()
-        _launch(cfg, spec, num_m_tiles * call.B * call.Hq, "q", (
-            _ptr(qs), _ptr(ks), _ptr(vs), _ptr(os_), _ptr(lse),
-            *_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs),
-            *_elem_strides(os_),
-            np.int32(call.Hq), np.int32(call.Hkv), np.int32(call.Sq), np.int32(call.Sk),
-            np.int32(call.D), np.int32(call.Dv), np.int32(num_m_tiles),
-            np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0), *map(_ptr, staged),
-        ), plan.smem_bytes)
+        _launch(
+            cfg,
+            spec,
+            num_m_tiles * call.B * call.Hq,
+            "q",
+            (
+                _ptr(qs),
+                _ptr(ks),
+                _ptr(vs),
+                _ptr(os_),
+                _ptr(lse),
+                *_elem_strides(qs),
+                *_elem_strides(ks),
+                *_elem_strides(vs),
+                *_elem_strides(os_),
+                np.int32(call.Hq),
+                np.int32(call.Hkv),
+                np.int32(call.Sq),
+                np.int32(call.Sk),
+                np.int32(call.D),
+                np.int32(call.Dv),
+                np.int32(num_m_tiles),
+                np.float32(call.scale * LOG2E),
+                np.int32(call.causal_offset or 0),
+                *map(_ptr, staged),
+            ),
+            plan.smem_bytes,
+        )
     return result
 
 
-def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, layout="bshd",
-                       deterministic=True, dq=None, dk=None, dv=None, smem_limit=None, precision=None,
-                       policy=None):
+def attention_backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    *,
+    causal=False,
+    scale=None,
+    layout="bshd",
+    deterministic=True,
+    dq=None,
+    dk=None,
+    dv=None,
+    smem_limit=None,
+    precision=None,
+    policy=None,
+):
     """Gradients (dq, dk, dv) of ``attention`` given dout = dLoss/dout.
 
     Args:
@@ -412,8 +512,17 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     """
     import cupy
 
-    named = (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse),
-             ("dq", dq), ("dk", dk), ("dv", dv))
+    named = (
+        ("dout", dout),
+        ("q", q),
+        ("k", k),
+        ("v", v),
+        ("out", out),
+        ("lse", lse),
+        ("dq", dq),
+        ("dk", dk),
+        ("dv", dv),
+    )
     policy = resolve_policy(policy)
     dout, q, k, v, out, lse, dq, dk, dv = (_as_cupy(n, x) for n, x in named)
     call = _validate(q, k, v, causal, scale, layout, precision)
@@ -439,12 +548,32 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         rows = call.B * call.Hq * call.Sq
         delta = cupy.empty((call.B, call.Hq, call.Sq), dtype=cupy.float32)
         if bplan.delta is not None:  # else the dK/dV pass's staging launch writes it
-            _launch(bplan.delta, spec, -(-rows // bplan.delta.rows_per_block), "dout", (
-                _ptr(dos), _ptr(os_), _ptr(delta), *_elem_strides(dos), *_elem_strides(os_),
-                np.int32(call.Hq), np.int32(call.Sq), np.int32(call.Dv), np.int64(rows)))
+            _launch(
+                bplan.delta,
+                spec,
+                -(-rows // bplan.delta.rows_per_block),
+                "dout",
+                (
+                    _ptr(dos),
+                    _ptr(os_),
+                    _ptr(delta),
+                    *_elem_strides(dos),
+                    *_elem_strides(os_),
+                    np.int32(call.Hq),
+                    np.int32(call.Sq),
+                    np.int32(call.Dv),
+                    np.int64(rows),
+                ),
+            )
 
-        sizes = (np.int32(call.Hq), np.int32(call.Hkv), np.int32(call.Sq), np.int32(call.Sk),
-                 np.int32(call.D), np.int32(call.Dv))
+        sizes = (
+            np.int32(call.Hq),
+            np.int32(call.Hkv),
+            np.int32(call.Sq),
+            np.int32(call.Sk),
+            np.int32(call.D),
+            np.int32(call.Dv),
+        )
         tail = (np.float32(call.scale), np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0))
         operands = {}  # the inputs as each pass reads them (_operands_for), rounded once at most
         for plan in bplan.plans:  # on the caller's stream, before the dQ pass's stream forks off
@@ -459,10 +588,16 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
             staging = getattr(plan.config, "staging", None)
             staged = ()
             if staging is not None:  # the streamed tiles split into TF32 parts once, for every block
-                staged = (stage_tiles(staging, spec, qs, do_, os_, lse, delta)
-                          if staging.queries else stage_tiles(staging, spec, ks, vs),)
-            return ((_ptr(qs), _ptr(ks), _ptr(vs), _ptr(do_), _ptr(lse), _ptr(delta)),
-                    (*_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs), *_elem_strides(do_)), staged)
+                staged = (
+                    stage_tiles(staging, spec, qs, do_, os_, lse, delta)
+                    if staging.queries
+                    else stage_tiles(staging, spec, ks, vs),
+                )
+            return (
+                (_ptr(qs), _ptr(ks), _ptr(vs), _ptr(do_), _ptr(lse), _ptr(delta)),
+                (*_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs), *_elem_strides(do_)),
+                staged,
+            )
 
         cfg = bplan.dkdv.config
         ptrs, strides, staged = inputs(bplan.dkdv)
@@ -476,9 +611,26 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         main = cupy.cuda.get_current_stream()
         overlap = OVERLAP_DQ and bplan.dq is not None
         ready = main.record() if overlap else None
-        _launch(cfg, spec, num_n_tiles * call.B * call.Hkv, "k", (
-            *ptrs, _ptr(dks), _ptr(dvs), *strides, *_elem_strides(dks), *_elem_strides(dvs),
-            *sizes, np.int32(num_n_tiles), *tail, *map(_ptr, staged), *fused), bplan.dkdv.smem_bytes)
+        _launch(
+            cfg,
+            spec,
+            num_n_tiles * call.B * call.Hkv,
+            "k",
+            (
+                *ptrs,
+                _ptr(dks),
+                _ptr(dvs),
+                *strides,
+                *_elem_strides(dks),
+                *_elem_strides(dvs),
+                *sizes,
+                np.int32(num_n_tiles),
+                *tail,
+                *map(_ptr, staged),
+                *fused,
+            ),
+            bplan.dkdv.smem_bytes,
+        )
         if bplan.dq is None:
             return dq, dk, dv
 
@@ -486,9 +638,23 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
             cfg = bplan.dq.config
             ptrs, strides, staged = inputs(bplan.dq)
             num_m_tiles = -(-call.Sq // cfg.block_m)
-            _launch(cfg, spec, num_m_tiles * call.B * call.Hq, "q", (
-                *ptrs, _ptr(dqs), *strides, *_elem_strides(dqs),
-                *sizes, np.int32(num_m_tiles), *tail, *map(_ptr, staged)), bplan.dq.smem_bytes)
+            _launch(
+                cfg,
+                spec,
+                num_m_tiles * call.B * call.Hq,
+                "q",
+                (
+                    *ptrs,
+                    _ptr(dqs),
+                    *strides,
+                    *_elem_strides(dqs),
+                    *sizes,
+                    np.int32(num_m_tiles),
+                    *tail,
+                    *map(_ptr, staged),
+                ),
+                bplan.dq.smem_bytes,
+            )
 
         if overlap:
             side = _side_stream(call.device_id)

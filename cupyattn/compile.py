@@ -93,8 +93,10 @@ def get_kernel(config, device):
             else:
                 try:
                     module = cupy.RawModule(
-                        code=kernel_source(config), options=NVRTC_OPTIONS + (f"-I{kernels_dir()}",),
-                        name_expressions=_name_expressions(config))
+                        code=kernel_source(config),
+                        options=NVRTC_OPTIONS + (f"-I{kernels_dir()}",),
+                        name_expressions=_name_expressions(config),
+                    )
                     kernel = module.get_function(config.name_expression)
                 except cupy.cuda.compiler.CompileException as exc:
                     raise CompileError(f"compiling {config.name_expression} failed:\n{exc}") from exc
@@ -244,16 +246,20 @@ def _failing_checks(nvrtc, header: str, options: list, checks: list) -> list:
     out, expressions evaluated), not as the check names it."""
     if len(checks) == 1:
         return checks
-    halves = (checks[:len(checks) // 2], checks[len(checks) // 2:])
-    return [check for half in halves if _compile_checks(nvrtc, header, options, half)
-            for check in _failing_checks(nvrtc, header, options, half)]
+    halves = (checks[: len(checks) // 2], checks[len(checks) // 2 :])
+    return [
+        check
+        for half in halves
+        if _compile_checks(nvrtc, header, options, half)
+        for check in _failing_checks(nvrtc, header, options, half)
+    ]
 
 
 # NVRTC 13 (CUDA 13) dropped these; NVRTC 12 still compiles for them.
 LEGACY_ARCHS = ("sm_70", "sm_72")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compile_only(config, arch: str, _names: tuple, _kernels_hash: str) -> CompileReport:
     expr = config.name_expression
     nvrtc = _Nvrtc.for_arch(arch)
@@ -265,8 +271,7 @@ def _compile_only(config, arch: str, _names: tuple, _kernels_hash: str) -> Compi
         try:
             nvrtc.compile_program(prog, options)
         except CompileError as exc:
-            raise CompileError(
-                f"compiling {expr} for {arch} failed ({exc}):\n{nvrtc.program_log(prog)}") from exc
+            raise CompileError(f"compiling {expr} for {arch} failed ({exc}):\n{nvrtc.program_log(prog)}") from exc
         log = nvrtc.program_log(prog)
         mangled = nvrtc.lowered_name(prog, expr)
         cubin = nvrtc.cubin(prog)
@@ -292,27 +297,28 @@ class _Nvrtc:
         self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
 
     @classmethod
-    def for_arch(cls, arch: str) -> "_Nvrtc":
+    def for_arch(cls, arch: str) -> _Nvrtc:
         legacy = arch in LEGACY_ARCHS
         if legacy not in cls._loaded:
             cls._loaded[legacy] = cls._load_legacy() if legacy else cls._load_current()
         return cls._loaded[legacy]
 
     @classmethod
-    def _load_current(cls) -> "_Nvrtc":
+    def _load_current(cls) -> _Nvrtc:
         from cuda.pathfinder import load_nvidia_dynamic_lib
 
         return cls(load_nvidia_dynamic_lib("nvrtc").abs_path, cuda_include_dirs())
 
     @classmethod
-    def _load_legacy(cls) -> "_Nvrtc":
+    def _load_legacy(cls) -> _Nvrtc:
         try:
             import nvidia.cuda_nvrtc
             import nvidia.cuda_runtime
         except ImportError as exc:
             raise CompileError(
                 "compiling for sm_70/sm_72 needs NVRTC 12: pip install nvidia-cuda-nvrtc-cu12 "
-                "nvidia-cuda-runtime-cu12 (NVRTC 13 no longer targets them)") from exc
+                "nvidia-cuda-runtime-cu12 (NVRTC 13 no longer targets them)"
+            ) from exc
         lib = os.path.join(list(nvidia.cuda_nvrtc.__path__)[0], "lib", "libnvrtc.so.12")
         inc = os.path.join(list(nvidia.cuda_runtime.__path__)[0], "include")
         return cls(lib, [inc])
@@ -323,8 +329,7 @@ class _Nvrtc:
 
     def create_program(self, src: str, name: str):
         prog = self._c.c_void_p()
-        self._check(self.lib.nvrtcCreateProgram(self._c.byref(prog), src.encode(), name.encode(),
-                                                0, None, None))
+        self._check(self.lib.nvrtcCreateProgram(self._c.byref(prog), src.encode(), name.encode(), 0, None, None))
         return prog
 
     def add_name_expression(self, prog, expr: str):
@@ -339,7 +344,7 @@ class _Nvrtc:
         self._check(size_fn(prog, self._c.byref(size)))
         buf = self._c.create_string_buffer(size.value)
         self._check(get_fn(prog, buf))
-        return buf.raw[:size.value]
+        return buf.raw[: size.value]
 
     def program_log(self, prog) -> str:
         raw = self._blob(prog, self.lib.nvrtcGetProgramLogSize, self.lib.nvrtcGetProgramLog)
@@ -401,5 +406,4 @@ def disassemble(cubin: bytes) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True,
-                              check=True, env=env).stdout
+        return subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True, check=True, env=env).stdout

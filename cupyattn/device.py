@@ -42,7 +42,7 @@ class DeviceSpec:
         major, minor = self.compute_capability
         return f"sm_{major}{minor}"
 
-    def with_smem_limit(self, limit: int | None) -> "DeviceSpec":
+    def with_smem_limit(self, limit: int | None) -> DeviceSpec:
         """The same device planned as if a block could use at most ``limit`` bytes."""
         if limit is None:
             return self
@@ -105,8 +105,15 @@ NAMED_DEVICES: dict[str, DeviceSpec] = {
 
 # A representative GPU per architecture, so ``sm_89``-style names work too.
 _BY_ARCH = {
-    "sm_70": "v100", "sm_75": "t4", "sm_80": "a100", "sm_86": "rtx3090", "sm_87": "orin",
-    "sm_89": "rtx6000ada", "sm_90": "h100", "sm_100": "b200", "sm_120": "rtx5090",
+    "sm_70": "v100",
+    "sm_75": "t4",
+    "sm_80": "a100",
+    "sm_86": "rtx3090",
+    "sm_87": "orin",
+    "sm_89": "rtx6000ada",
+    "sm_90": "h100",
+    "sm_100": "b200",
+    "sm_120": "rtx5090",
 }
 
 
@@ -146,7 +153,7 @@ def current_device(device_id: int | None = None) -> DeviceSpec:
     )
 
 
-def resolve_device(device: "str | DeviceSpec | None" = None) -> DeviceSpec:
+def resolve_device(device: str | DeviceSpec | None = None) -> DeviceSpec:
     """A DeviceSpec from a spec, a name, ``"current"`` or None (the current device)."""
     if isinstance(device, DeviceSpec):
         return device
@@ -162,7 +169,5 @@ def smem_limit_from_env() -> int | None:
         return None
     m = re.fullmatch(r"\s*(\d+)\s*([kK](?:i?[bB])?)?\s*", raw)
     if not m:
-        raise ValueError(
-            f"CUPYATTN_SMEM_LIMIT: expected a number of bytes such as 101376 or 99K, got {raw!r}"
-        )
+        raise ValueError(f"CUPYATTN_SMEM_LIMIT: expected a number of bytes such as 101376 or 99K, got {raw!r}")
     return int(m.group(1)) * (KIB if m.group(2) else 1)

@@ -12,8 +12,18 @@ import json
 from .compile import CompileReport, compile_only
 from .device import DeviceSpec, resolve_device
 from .layout import Buffer
-from .plan import (PRECISION_TEXT, AttentionProblem, BackwardPlan, MmaConfig, Plan, Rejected, WgmmaConfig,
-                   blocks_per_sm, plan_backward, plan_forward)
+from .plan import (
+    PRECISION_TEXT,
+    AttentionProblem,
+    BackwardPlan,
+    MmaConfig,
+    Plan,
+    Rejected,
+    WgmmaConfig,
+    blocks_per_sm,
+    plan_backward,
+    plan_forward,
+)
 
 DTYPES = ("float16", "bfloat16", "float32")
 CAPS_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
@@ -33,14 +43,18 @@ def precision_text(plan: Plan) -> str:
     """The precision mode that runs and on which units (Plan.precision_text)."""
     precision = plan.precision
     if isinstance(plan.config, WgmmaConfig):
-        return (f"{precision}: {PRECISION_TEXT[precision]} on tensor cores, warpgroup MMA "
-                "(wgmma, sm_90a), the kernel family measured faster here (cupyattn.plan.tiles)")
+        return (
+            f"{precision}: {PRECISION_TEXT[precision]} on tensor cores, warpgroup MMA "
+            "(wgmma, sm_90a), the kernel family measured faster here (cupyattn.plan.tiles)"
+        )
     if isinstance(plan.config, MmaConfig):
         return f"{precision}: {PRECISION_TEXT[precision]} on tensor cores"
     rounded = {"tf32": "TF32", "bf16": "bfloat16", "fp16": "float16"}
     if plan.problem.dtype == "float32" and precision in rounded:
-        return (f"{precision}: float32 arithmetic (FFMA) on CUDA cores, on copies of the "
-                f"inputs rounded to {rounded[precision]}")
+        return (
+            f"{precision}: float32 arithmetic (FFMA) on CUDA cores, on copies of the "
+            f"inputs rounded to {rounded[precision]}"
+        )
     return f"{precision}: float32 arithmetic (FFMA) on CUDA cores"
 
 
@@ -64,12 +78,13 @@ def describe_plan(plan: Plan) -> str:
     if staging is not None:
         p = plan.problem
         heads, seqlen = (p.heads_q, p.seqlen_q) if staging.queries else (p.heads_kv, p.seqlen_k)
-        lines.append(f"  staged first by {staging.name_expression}: "
-                     f"{staging.workspace_bytes(p.batch, heads, seqlen)} bytes of global memory "
-                     f"({staging.tiles(seqlen)} tiles of {staging.tile_bytes} bytes a head)")
+        lines.append(
+            f"  staged first by {staging.name_expression}: "
+            f"{staging.workspace_bytes(p.batch, heads, seqlen)} bytes of global memory "
+            f"({staging.tiles(seqlen)} tiles of {staging.tile_bytes} bytes a head)"
+        )
     for r in plan.rejected:
-        lines.append(f"  rejected {r.name_expression}: {r.smem_bytes} bytes, "
-                     f"{r.over_by} over the {r.limit}-byte limit")
+        lines.append(f"  rejected {r.name_expression}: {r.smem_bytes} bytes, {r.over_by} over the {r.limit}-byte limit")
     for name, why in plan.register_skipped:
         lines.append(f"  skipped {name}: {why}")
     return "\n".join(lines)
@@ -77,8 +92,11 @@ def describe_plan(plan: Plan) -> str:
 
 def describe_backward_plan(bplan: BackwardPlan) -> str:
     """The backward's launches as text (BackwardPlan.describe)."""
-    delta = (f"{bplan.delta.name_expression} (no shared memory)" if bplan.delta is not None
-             else f"delta: computed by {bplan.dkdv.config.staging.kernel_name}, as it stages dO")
+    delta = (
+        f"{bplan.delta.name_expression} (no shared memory)"
+        if bplan.delta is not None
+        else f"delta: computed by {bplan.dkdv.config.staging.kernel_name}, as it stages dO"
+    )
     return "\n".join([delta] + [describe_plan(p) for p in bplan.plans])
 
 
@@ -120,8 +138,7 @@ class KernelExplanation:
     def blocks_per_sm_by_registers(self) -> int | None:
         if self.compiled is None:
             return None
-        return blocks_per_sm_by_registers(self.compiled.registers, self.plan.config.threads,
-                                          self.plan.device)
+        return blocks_per_sm_by_registers(self.compiled.registers, self.plan.config.threads, self.plan.device)
 
     @property
     def occupancy(self) -> float | None:
@@ -140,44 +157,55 @@ class KernelExplanation:
             "name_expression": self.name_expression,
             "precision": self.plan.precision,
             "work_split": self.plan.work_split,
-            "buffers": [dict(name=b.name, shape=list(b.shape), dtype=b.dtype, offset=b.offset,
-                             bytes=b.bytes, note=b.note) for b in self.buffers],
+            "buffers": [
+                dict(name=b.name, shape=list(b.shape), dtype=b.dtype, offset=b.offset, bytes=b.bytes, note=b.note)
+                for b in self.buffers
+            ],
             "total": self.total,
             "limit": self.limit,
-            "rejected": [dict(name_expression=r.name_expression, bytes=r.smem_bytes, over_by=r.over_by)
-                         for r in self.rejected],
-            "skipped_for_registers": [dict(name_expression=n, reason=why)
-                                      for n, why in self.plan.register_skipped],
+            "rejected": [
+                dict(name_expression=r.name_expression, bytes=r.smem_bytes, over_by=r.over_by) for r in self.rejected
+            ],
+            "skipped_for_registers": [dict(name_expression=n, reason=why) for n, why in self.plan.register_skipped],
             "blocks_per_sm_by_smem": self.blocks_per_sm_by_smem,
             "blocks_per_sm_by_registers": self.blocks_per_sm_by_registers,
-            "compiled": None if c is None else dict(
-                arch=c.arch, registers=c.registers, spill_store_bytes=c.spill_store_bytes,
-                spill_load_bytes=c.spill_load_bytes, stack_bytes=c.stack_bytes,
-                static_smem_bytes=c.static_smem_bytes),
+            "compiled": None
+            if c is None
+            else dict(
+                arch=c.arch,
+                registers=c.registers,
+                spill_store_bytes=c.spill_store_bytes,
+                spill_load_bytes=c.spill_load_bytes,
+                stack_bytes=c.stack_bytes,
+                static_smem_bytes=c.static_smem_bytes,
+            ),
         }
 
     def __str__(self) -> str:
         lines = [f"{self.role}: {self.name_expression}", self.plan.layout.table(with_total=False)]
         pct = 100 * self.total / self.limit
-        lines.append(f"  total {self.total} of {self.limit} bytes opt-in ({pct:.1f}%), "
-                     f"{self.limit - self.total} to spare; {self.blocks_per_sm_by_smem} block(s) "
-                     f"per SM by shared memory")
+        lines.append(
+            f"  total {self.total} of {self.limit} bytes opt-in ({pct:.1f}%), "
+            f"{self.limit - self.total} to spare; {self.blocks_per_sm_by_smem} block(s) "
+            f"per SM by shared memory"
+        )
         lines.append(f"  chosen because: {self.plan.reason}")
         lines.append(f"  precision: {precision_text(self.plan)}")
         if self.plan.work_split:
             lines.append(f"  work split: {self.plan.work_split}")
         for r in self.rejected:
-            lines.append(f"  rejected {r.name_expression}: {r.smem_bytes} bytes, "
-                         f"{r.over_by} over the limit")
+            lines.append(f"  rejected {r.name_expression}: {r.smem_bytes} bytes, {r.over_by} over the limit")
         for name, why in self.plan.register_skipped:
             lines.append(f"  skipped {name}: {why}")
         c = self.compiled
         if c is not None:
-            lines.append(f"  compiled for {c.arch}: {c.registers} registers, spills "
-                         f"{c.spill_store_bytes} B stored / {c.spill_load_bytes} B loaded, "
-                         f"stack {c.stack_bytes} B, static shared memory {c.static_smem_bytes} B; "
-                         f"{self.blocks_per_sm_by_registers} block(s) per SM by registers, "
-                         f"occupancy {100 * self.occupancy:.0f}%")
+            lines.append(
+                f"  compiled for {c.arch}: {c.registers} registers, spills "
+                f"{c.spill_store_bytes} B stored / {c.spill_load_bytes} B loaded, "
+                f"stack {c.stack_bytes} B, static shared memory {c.static_smem_bytes} B; "
+                f"{self.blocks_per_sm_by_registers} block(s) per SM by registers, "
+                f"occupancy {100 * self.occupancy:.0f}%"
+            )
         return "\n".join(lines)
 
 
@@ -210,15 +238,20 @@ class Explanation:
         return self.kernels[0].compiled
 
     def to_dict(self) -> dict:
-        return {"device": dataclasses.asdict(self.device), "problem": dataclasses.asdict(self.problem),
-                "kernels": [k.to_dict() for k in self.kernels]}
+        return {
+            "device": dataclasses.asdict(self.device),
+            "problem": dataclasses.asdict(self.problem),
+            "kernels": [k.to_dict() for k in self.kernels],
+        }
 
     def __str__(self) -> str:
         p = self.problem
-        head = (f"{self.device.summary()}\n{p.dtype}, head_dim {p.head_dim}"
-                f"{'' if p.head_dim_v == p.head_dim else f' / {p.head_dim_v}'}, "
-                f"{'causal' if p.causal else 'not causal'}, B={p.batch} Hq={p.heads_q} "
-                f"Hkv={p.heads_kv} Sq={p.seqlen_q} Sk={p.seqlen_k}")
+        head = (
+            f"{self.device.summary()}\n{p.dtype}, head_dim {p.head_dim}"
+            f"{'' if p.head_dim_v == p.head_dim else f' / {p.head_dim_v}'}, "
+            f"{'causal' if p.causal else 'not causal'}, B={p.batch} Hq={p.heads_q} "
+            f"Hkv={p.heads_kv} Sq={p.seqlen_q} Sk={p.seqlen_k}"
+        )
         return "\n\n".join([head] + [str(k) for k in self.kernels])
 
 
@@ -231,11 +264,25 @@ def _kernel_plans(problem: AttentionProblem, spec: DeviceSpec, backward: bool, p
     return [("backward dK/dV", b.dkdv), ("backward dQ", b.dq)]
 
 
-def explain(head_dim: int = 128, dtype: str = "float16", *, backward: bool = False,
-            device: "str | DeviceSpec | None" = "current", smem_limit: int | None = None,
-            causal: bool = False, head_dim_v: int | None = None, batch: int = 4, heads: int = 16,
-            heads_kv: int | None = None, seqlen_q: int = 4096, seqlen_k: int | None = None,
-            compile: bool = True, precision=None, deterministic: bool = True, policy=None) -> Explanation:
+def explain(
+    head_dim: int = 128,
+    dtype: str = "float16",
+    *,
+    backward: bool = False,
+    device: str | DeviceSpec | None = "current",
+    smem_limit: int | None = None,
+    causal: bool = False,
+    head_dim_v: int | None = None,
+    batch: int = 4,
+    heads: int = 16,
+    heads_kv: int | None = None,
+    seqlen_q: int = 4096,
+    seqlen_k: int | None = None,
+    compile: bool = True,
+    precision=None,
+    deterministic: bool = True,
+    policy=None,
+) -> Explanation:
     """Where the shared memory of a call's kernels goes, buffer by buffer.
 
     ``device`` is ``"current"``, a named GPU (``"rtx6000ada"``, ``"sm_89"``) or a
@@ -247,9 +294,19 @@ def explain(head_dim: int = 128, dtype: str = "float16", *, backward: bool = Fal
     with (None: the default), e.g. to see a kernel family the planner would not take.
     """
     spec = resolve_device(device).with_smem_limit(smem_limit)
-    problem = AttentionProblem(dtype, head_dim, head_dim_v or head_dim, bool(causal), batch, heads,
-                               heads_kv or heads, seqlen_q, seqlen_k or seqlen_q, precision=precision,
-                               deterministic=deterministic)
+    problem = AttentionProblem(
+        dtype,
+        head_dim,
+        head_dim_v or head_dim,
+        bool(causal),
+        batch,
+        heads,
+        heads_kv or heads,
+        seqlen_q,
+        seqlen_k or seqlen_q,
+        precision=precision,
+        deterministic=deterministic,
+    )
     kernels = []
     for role, plan in _kernel_plans(problem, spec, backward, policy):
         report = compile_only(plan.config, spec.arch) if compile else None
@@ -267,14 +324,32 @@ class CapabilityRow:
         k = self.kernel
         c = k.compiled
         by_regs = k.blocks_per_sm_by_registers
-        return [str(self.head_dim), self.dtype, k.role, f"`{k.name_expression}`", str(k.total),
-                f"{100 * k.total / k.limit:.0f}%", str(k.blocks_per_sm_by_smem),
-                "-" if by_regs is None else str(by_regs),
-                "-" if c is None else str(c.registers), "-" if c is None else str(c.spills)]
+        return [
+            str(self.head_dim),
+            self.dtype,
+            k.role,
+            f"`{k.name_expression}`",
+            str(k.total),
+            f"{100 * k.total / k.limit:.0f}%",
+            str(k.blocks_per_sm_by_smem),
+            "-" if by_regs is None else str(by_regs),
+            "-" if c is None else str(c.registers),
+            "-" if c is None else str(c.spills),
+        ]
 
 
-CAPS_COLUMNS = ["head dim", "dtype", "pass", "config", "smem bytes", "of opt-in",
-                "blocks/SM (smem)", "blocks/SM (regs)", "registers", "spill bytes"]
+CAPS_COLUMNS = [
+    "head dim",
+    "dtype",
+    "pass",
+    "config",
+    "smem bytes",
+    "of opt-in",
+    "blocks/SM (smem)",
+    "blocks/SM (regs)",
+    "registers",
+    "spill bytes",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,10 +360,12 @@ class CapabilityMatrix:
 
     def header(self) -> str:
         d = self.device
-        return (f"{d.name} ({d.arch}, {d.sm_count} SMs): shared memory per block "
-                f"{d.smem_per_block} default / {d.smem_per_block_optin} opt-in; "
-                f"{d.smem_per_sm} per SM; {d.smem_reserved_per_block} reserved per block. "
-                f"{'Causal' if self.causal else 'Not causal'}, B=4, H=16, S=4096.")
+        return (
+            f"{d.name} ({d.arch}, {d.sm_count} SMs): shared memory per block "
+            f"{d.smem_per_block} default / {d.smem_per_block_optin} opt-in; "
+            f"{d.smem_per_sm} per SM; {d.smem_reserved_per_block} reserved per block. "
+            f"{'Causal' if self.causal else 'Not causal'}, B=4, H=16, S=4096."
+        )
 
     def _table(self) -> tuple[list[str], list[list[str]]]:
         """Columns and cells; the three compiled columns only when something was compiled."""
@@ -309,16 +386,26 @@ class CapabilityMatrix:
         return "\n".join([self.header(), fmt(columns)] + [fmt(r) for r in cells])
 
     def to_dict(self) -> dict:
-        return {"device": dataclasses.asdict(self.device), "causal": self.causal,
-                "rows": [dict(head_dim=r.head_dim, dtype=r.dtype, **r.kernel.to_dict()) for r in self.rows]}
+        return {
+            "device": dataclasses.asdict(self.device),
+            "causal": self.causal,
+            "rows": [dict(head_dim=r.head_dim, dtype=r.dtype, **r.kernel.to_dict()) for r in self.rows],
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
 
 
-def capabilities(device: "str | DeviceSpec | None" = "current", *, dtypes=DTYPES,
-                 head_dims=CAPS_HEAD_DIMS, causal: bool = True, smem_limit: int | None = None,
-                 compile: bool = False, policy=None) -> CapabilityMatrix:
+def capabilities(
+    device: str | DeviceSpec | None = "current",
+    *,
+    dtypes=DTYPES,
+    head_dims=CAPS_HEAD_DIMS,
+    causal: bool = True,
+    smem_limit: int | None = None,
+    compile: bool = False,
+    policy=None,
+) -> CapabilityMatrix:
     """The capability matrix: for each head dim x dtype, the forward and backward
     kernels the planner picks on ``device`` (B=4, H=16, S=4096) under ``policy`` (None:
     the default), their shared memory and, with ``compile``, registers and spills from NVRTC."""
@@ -339,11 +426,15 @@ def named_devices_markdown() -> str:
     reproducible anywhere); docs/capabilities.md holds it and a test compares."""
     from .device import NAMED_DEVICES
 
-    parts = ["# Capabilities on named GPUs", "",
-             "Generated by `python scripts/device_caps.py`; a test checks that this file matches "
-             "what the planner produces now. Shared memory per kernel against the GPU's opt-in "
-             "limit, for causal attention at B=4, H=16, S=4096. `python -m cupyattn caps --device "
-             "NAME --compile` adds registers and spills from NVRTC.", ""]
+    parts = [
+        "# Capabilities on named GPUs",
+        "",
+        "Generated by `python scripts/device_caps.py`; a test checks that this file matches "
+        "what the planner produces now. Shared memory per kernel against the GPU's opt-in "
+        "limit, for causal attention at B=4, H=16, S=4096. `python -m cupyattn caps --device "
+        "NAME --compile` adds registers and spills from NVRTC.",
+        "",
+    ]
     for key in NAMED_DEVICES:
         parts += [f"## `{key}`", "", capabilities(key).to_markdown(), ""]
     return "\n".join(parts)

@@ -35,15 +35,26 @@ def _to_cupy(name: str, x):
     import cupy
 
     if isinstance(x, jax.core.Tracer):
-        raise TypeError(f"{name}: cupyattn.jax runs eagerly; it was called under a JAX transformation "
-                        "that traces (jax.jit, vmap, ...), where XLA could only call its CuPy kernels "
-                        "through an FFI custom call. Call it outside jax.jit.")
+        raise TypeError(
+            f"{name}: cupyattn.jax runs eagerly; it was called under a JAX transformation "
+            "that traces (jax.jit, vmap, ...), where XLA could only call its CuPy kernels "
+            "through an FFI custom call. Call it outside jax.jit."
+        )
     return cupy.from_dlpack(x)
 
 
 def _forward(q, k, v, causal, scale, layout, precision, policy):
-    out, lse = api.attention(_to_cupy("q", q), _to_cupy("k", k), _to_cupy("v", v), causal=causal,
-                             scale=scale, layout=layout, precision=precision, policy=policy, return_lse=True)
+    out, lse = api.attention(
+        _to_cupy("q", q),
+        _to_cupy("k", k),
+        _to_cupy("v", v),
+        causal=causal,
+        scale=scale,
+        layout=layout,
+        precision=precision,
+        policy=policy,
+        return_lse=True,
+    )
     return jax.dlpack.from_dlpack(out), jax.dlpack.from_dlpack(lse)
 
 
@@ -68,11 +79,15 @@ def _attention_fwd(q, k, v, causal, scale, layout, precision, policy):
 
 def _attention_bwd(causal, scale, layout, precision, policy, residuals, dout):
     q, k, v, out, lse = residuals
-    grads = api.attention_backward(_to_cupy("dout", dout), *(_to_cupy(n, x) for n, x in
-                                                              zip(("q", "k", "v", "out", "lse"),
-                                                                  (q, k, v, out, lse))),
-                                   causal=causal, scale=scale, layout=layout, precision=precision,
-                                   policy=policy)
+    grads = api.attention_backward(
+        _to_cupy("dout", dout),
+        *(_to_cupy(n, x) for n, x in zip(("q", "k", "v", "out", "lse"), (q, k, v, out, lse))),
+        causal=causal,
+        scale=scale,
+        layout=layout,
+        precision=precision,
+        policy=policy,
+    )
     return tuple(jax.dlpack.from_dlpack(g) for g in grads)
 
 

@@ -73,7 +73,7 @@ class LayoutBuilder:
         self._buffers: list[Buffer] = []
         self._end = 0
 
-    def add(self, name: str, shape: tuple[int, ...], dtype: str, note: str = "") -> "LayoutBuilder":
+    def add(self, name: str, shape: tuple[int, ...], dtype: str, note: str = "") -> LayoutBuilder:
         buf = Buffer(name, tuple(int(s) for s in shape), dtype, align(self._end), note)
         self._buffers.append(buf)
         self._end = buf.end

@@ -90,8 +90,9 @@ def _to_bshd(x, layout):
     return x
 
 
-def attention_reference(q, k, v, causal=False, scale=None, layout="bshd", precision=None,
-                        rows=None, out_precision=None):
+def attention_reference(
+    q, k, v, causal=False, scale=None, layout="bshd", precision=None, rows=None, out_precision=None
+):
     """(out, lse) of softmax(scale * Q K^T) V for host arrays.
 
     q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) ("bshd") or the
@@ -141,8 +142,14 @@ def attention_reference(q, k, v, causal=False, scale=None, layout="bshd", precis
     return out, lse.astype(np.float32 if precision is not None else np.float64)
 
 
-def tolerance(ref_same_precision_error: float, dtype: str, magnitude: float = 1.0,
-              seqlen_k: int = 1, factor: float = 2.0, logit_bound: float = 0.0) -> float:
+def tolerance(
+    ref_same_precision_error: float,
+    dtype: str,
+    magnitude: float = 1.0,
+    seqlen_k: int = 1,
+    factor: float = 2.0,
+    logit_bound: float = 0.0,
+) -> float:
     """FlashAttention's rule: ``factor`` x the same-precision reference's error plus a floor.
 
     The floor keeps cases where the same-precision reference happens to be exact
@@ -192,8 +199,9 @@ def _probabilities(q, k, v, causal, scale, work):
     return qh, kh, vh, p
 
 
-def attention_backward_reference(dout, q, k, v, causal=False, scale=None, layout="bshd",
-                                 precision=None, out_precision=None):
+def attention_backward_reference(
+    dout, q, k, v, causal=False, scale=None, layout="bshd", precision=None, out_precision=None
+):
     """(dq, dk, dv) of ``attention_reference`` for host arrays, shaped like q, k, v.
 
     float64 by default. With ``precision`` (the inputs' dtype) it is the

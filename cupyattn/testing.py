@@ -94,9 +94,16 @@ class Comparison:
         return f"max err {self.error:.3g} (same-precision reference {self.reference_error:.3g}, tol {self.tol:.3g})"
 
 
-def compare(out: np.ndarray, ref64: np.ndarray, ref_same: np.ndarray, dtype: str,
-            seqlen_k: int = 1, factor: float = 2.0, logit_bound: float = 0.0,
-            extra: float = 0.0) -> Comparison:
+def compare(
+    out: np.ndarray,
+    ref64: np.ndarray,
+    ref_same: np.ndarray,
+    dtype: str,
+    seqlen_k: int = 1,
+    factor: float = 2.0,
+    logit_bound: float = 0.0,
+    extra: float = 0.0,
+) -> Comparison:
     """FlashAttention's rule: |out - ref64| <= factor * |ref_same - ref64| + floor (max norms);
     the floor is ``reference.tolerance``'s, plus ``extra`` (an error the kernel may make
     that the same-precision reference need not, e.g. ``reference.delta_cancellation_error``)."""
@@ -148,4 +155,3 @@ def peak_allocation_hook():
             self.live -= self.sizes.pop(mem_ptr, 0)
 
     return PeakHook()
-

@@ -81,9 +81,18 @@ class _Attention(torch.autograd.Function):
         q, k, v = (_rows_contiguous(x) for x in (q, k, v))
         out = torch.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype, device=q.device)
         with _on_torch_stream(q.device):
-            _, lse = api.attention(_as_cupy(q), _as_cupy(k), _as_cupy(v), causal=causal, scale=scale,
-                                   layout=layout, precision=precision, policy=policy, out=_as_cupy(out),
-                                   return_lse=True)
+            _, lse = api.attention(
+                _as_cupy(q),
+                _as_cupy(k),
+                _as_cupy(v),
+                causal=causal,
+                scale=scale,
+                layout=layout,
+                precision=precision,
+                policy=policy,
+                out=_as_cupy(out),
+                return_lse=True,
+            )
             lse = torch.from_dlpack(lse)  # float32, (B, Hq, Sq); CuPy owns the memory
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = (causal, scale, layout, precision, policy)
@@ -96,15 +105,36 @@ class _Attention(torch.autograd.Function):
         dout = _rows_contiguous(dout)
         dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
         with _on_torch_stream(q.device):
-            api.attention_backward(_as_cupy(dout), _as_cupy(q), _as_cupy(k), _as_cupy(v), _as_cupy(out),
-                                   _as_cupy(lse), causal=causal, scale=scale, layout=layout,
-                                   precision=precision, policy=policy, dq=_as_cupy(dq), dk=_as_cupy(dk),
-                                   dv=_as_cupy(dv))
+            api.attention_backward(
+                _as_cupy(dout),
+                _as_cupy(q),
+                _as_cupy(k),
+                _as_cupy(v),
+                _as_cupy(out),
+                _as_cupy(lse),
+                causal=causal,
+                scale=scale,
+                layout=layout,
+                precision=precision,
+                policy=policy,
+                dq=_as_cupy(dq),
+                dk=_as_cupy(dk),
+                dv=_as_cupy(dv),
+            )
         return dq, dk, dv, None, None, None, None, None
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal=False, scale=None,
-              layout: str = "bhsd", precision=None, policy=None) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal=False,
+    scale=None,
+    layout: str = "bhsd",
+    precision=None,
+    policy=None,
+) -> torch.Tensor:
     """``softmax(scale * q k^T) v`` through cupyattn's kernels, differentiable in q, k, v.
 
     Shapes (layout "bhsd", SDPA's): q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv);

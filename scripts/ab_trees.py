@@ -59,6 +59,7 @@ def _time_worker(args):
     """Time every case with this tree's cupyattn; one JSON line each."""
     cupyattn = _own_cupyattn(args.worker)
     import cupy
+
     from cupyattn.testing import device_values, median_ms
 
     B, H = 4, 16
@@ -76,8 +77,9 @@ def _time_worker(args):
                     row["fwd"] = median_ms(lambda: cupyattn.attention(q, k, v, **opts), repeats=args.repeats)
                 if "bwd" in args.passes:
                     out, lse = cupyattn.attention(q, k, v, return_lse=True, **opts)
-                    row["bwd"] = median_ms(lambda: cupyattn.attention_backward(do, q, k, v, out, lse, **opts),
-                                          repeats=args.repeats)
+                    row["bwd"] = median_ms(
+                        lambda: cupyattn.attention_backward(do, q, k, v, out, lse, **opts), repeats=args.repeats
+                    )
                 print(json.dumps(row), flush=True)
 
 
@@ -91,8 +93,10 @@ def _bits_worker(args):
     for d, causal, precision in BITS_CASES:
         Sq, Sk = (2100, 2200) if d < 128 else (1000, 1100)
         rng = cupy.random.default_rng(1)
-        q, k, v, do = (rng.standard_normal(shape, dtype=cupy.float32)
-                       for shape in ((B, Sq, H, d), (B, Sk, H, d), (B, Sk, H, d), (B, Sq, H, d)))
+        q, k, v, do = (
+            rng.standard_normal(shape, dtype=cupy.float32)
+            for shape in ((B, Sq, H, d), (B, Sk, H, d), (B, Sk, H, d), (B, Sq, H, d))
+        )
         o, lse = cupyattn.attention(q, k, v, causal=causal, precision=precision, return_lse=True)
         grads = cupyattn.attention_backward(do, q, k, v, o, lse, causal=causal, precision=precision)
         key = f"{precision}_d{d}_{'causal' if causal else 'full'}"
@@ -122,40 +126,59 @@ def differing(before, after) -> list:
 def _run_worker(tree: str, argv: list, **kwargs) -> subprocess.CompletedProcess:
     """This script as a worker (argv after the script's path) with ``tree`` on PYTHONPATH."""
     env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
-    return subprocess.run([sys.executable, __file__, *argv, "--worker", tree], env=env, cwd=tree, check=True,
-                          **kwargs)
+    return subprocess.run([sys.executable, __file__, *argv, "--worker", tree], env=env, cwd=tree, check=True, **kwargs)
 
 
 def _time_argv(args, cases: str, causal: str, repeats: int) -> list:
-    return ["time", "--cases", cases, "--seqlens", args.seqlens, "--causal", causal, "--pass", args.passes,
-            "--repeats", str(repeats)]
+    return [
+        "time",
+        "--cases",
+        cases,
+        "--seqlens",
+        args.seqlens,
+        "--causal",
+        causal,
+        "--pass",
+        args.passes,
+        "--repeats",
+        str(repeats),
+    ]
 
 
 def time_trees(args):
     causals = ["no", "yes"] if args.causal == "both" else [args.causal]
-    warm = [(tree, _time_argv(args, case, causal, 1))
-            for tree in (args.before, args.after) for case in args.cases.split(",") for causal in causals]
+    warm = [
+        (tree, _time_argv(args, case, causal, 1))
+        for tree in (args.before, args.after)
+        for case in args.cases.split(",")
+        for causal in causals
+    ]
     if args.warm_jobs > 0:
         with ThreadPoolExecutor(args.warm_jobs) as pool:
             list(pool.map(lambda job: _run_worker(*job, capture_output=True), warm))
     results = {}  # (tree, case, S, causal, pass) -> [ms per round]
     for _ in range(args.rounds):
         for name, tree in (("before", args.before), ("after", args.after)):
-            lines = _run_worker(tree, _time_argv(args, args.cases, args.causal, args.repeats),
-                                capture_output=True, text=True).stdout
+            lines = _run_worker(
+                tree, _time_argv(args, args.cases, args.causal, args.repeats), capture_output=True, text=True
+            ).stdout
             for line in lines.splitlines():
                 row = json.loads(line)
                 for p in args.passes.split(","):
                     results.setdefault((name, row["case"], row["S"], row["causal"], p), []).append(row[p])
-    print(f"before: {args.before}, after: {args.after}; B=4, H=16, median ms over {args.rounds} rounds "
-          f"(each the median of {args.repeats})\n")
+    print(
+        f"before: {args.before}, after: {args.after}; B=4, H=16, median ms over {args.rounds} rounds "
+        f"(each the median of {args.repeats})\n"
+    )
     print("| case | S | causal | pass | before | after | change |")
     print("|---|---|---|---|---|---|---|")
     for (name, case, S, causal, p), times in results.items():
         if name == "before":
             before, after = statistics.median(times), statistics.median(results[("after", case, S, causal, p)])
-            print(f"| {case} | {S} | {'yes' if causal else 'no'} | {p} | {before:.3f} | {after:.3f} | "
-                  f"{after / before - 1:+.1%} |")
+            print(
+                f"| {case} | {S} | {'yes' if causal else 'no'} | {p} | {before:.3f} | {after:.3f} | "
+                f"{after / before - 1:+.1%} |"
+            )
 
 
 def compare(before_file, after_file) -> int:
@@ -193,11 +216,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--pass", dest="passes", default="fwd,bwd")
     t.add_argument("--rounds", type=int, default=2)
     t.add_argument("--repeats", type=int, default=10)
-    t.add_argument("--warm-jobs", type=int, default=8,
-                   help="warm-up processes at a time before the first round (0: no warm-up)")
+    t.add_argument(
+        "--warm-jobs", type=int, default=8, help="warm-up processes at a time before the first round (0: no warm-up)"
+    )
     b.add_argument("--save", default=None, help="keep each tree's results here (before.npz, after.npz)")
-    b.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
-                   help="compare two kept result files, no GPU needed")
+    b.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("BEFORE", "AFTER"),
+        default=None,
+        help="compare two kept result files, no GPU needed",
+    )
     b.add_argument("--out", default=None, help=argparse.SUPPRESS)
     return parser
 

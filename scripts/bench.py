@@ -53,8 +53,7 @@ def _time(fn):
     return median_ms(fn, repeats=max(5, min(20, int(500 / max(first, 1e-3)))), warmup=0)
 
 
-def bench_cupyattn(B, H, S, D, dtype, causal, backward, precision=None, deterministic=True, heads_kv=None,
-                   policy=None):
+def bench_cupyattn(B, H, S, D, dtype, causal, backward, precision=None, deterministic=True, heads_kv=None, policy=None):
     """(ms, peak bytes allocated by one call) of cupyattn's forward or backward."""
     hkv = heads_kv or H
     n = _copies(3 * B * S * H * D * 2)
@@ -66,6 +65,7 @@ def bench_cupyattn(B, H, S, D, dtype, causal, backward, precision=None, determin
     if policy is not None:
         kw["policy"] = policy
     if not backward:
+
         def fn():
             q, k, v, _ = sets[next(it) % n]
             cupyattn.attention(q, k, v, **kw)
@@ -77,6 +77,7 @@ def bench_cupyattn(B, H, S, D, dtype, causal, backward, precision=None, determin
             q, k, v, do = sets[i]
             out, lse = saved[i]
             cupyattn.attention_backward(do, q, k, v, out, lse, deterministic=deterministic, **kw)
+
     ms = _time(fn)
     hook = peak_allocation_hook()
     with hook:
@@ -102,6 +103,7 @@ def bench_torch(B, H, S, D, dtype, causal, backward, backend, heads_kv=None):
     be = getattr(SDPBackend, backend)
     it = iter(range(10**9))
     if not backward:
+
         def fn():
             q, k, v, _ = sets[next(it) % n]
             with torch.no_grad(), sdpa_kernel(be):
@@ -116,6 +118,7 @@ def bench_torch(B, H, S, D, dtype, causal, backward, backend, heads_kv=None):
             i = next(it) % n
             q, k, v, do = sets[i]
             torch.autograd.grad(outs[i], (q, k, v), do, retain_graph=True)
+
     # torch and CuPy share the legacy default stream, so CuPy's events time torch's kernels.
     ms = _time(fn)
     torch.cuda.synchronize()
@@ -157,10 +160,14 @@ def bench_fa3(B, H, S, D, dtype, causal, backward, heads_kv=None):
         run = jax.jit(lambda q, k, v: fa3.flash_mha(q, k, v, softmax_scale=scale, is_causal=causal))
         args = [s[:3] for s in sets]
     else:
-        fwd = jax.jit(lambda q, k, v: fa3._flash_mha_fwd(q, k, v, softmax_scale=scale, is_causal=causal,
-                                                        window_size=(-1, -1)))
-        run = jax.jit(lambda do, q, k, v, o, lse: fa3._flash_mha_bwd(
-            do, q, k, v, o, lse, softmax_scale=scale, is_causal=causal, window_size=(-1, -1)))
+        fwd = jax.jit(
+            lambda q, k, v: fa3._flash_mha_fwd(q, k, v, softmax_scale=scale, is_causal=causal, window_size=(-1, -1))
+        )
+        run = jax.jit(
+            lambda do, q, k, v, o, lse: fa3._flash_mha_bwd(
+                do, q, k, v, o, lse, softmax_scale=scale, is_causal=causal, window_size=(-1, -1)
+            )
+        )
         args = [(do, q, k, v, *fwd(q, k, v)) for q, k, v, do in sets]
 
     def calls(count):
@@ -197,8 +204,7 @@ def measure(pass_, dtype, shape, D, S, causal, baselines):
     B, H, hkv = SHAPES[shape]
     backward = pass_ == "bwd"
     f = flops(B, H, S, D, causal, backward)
-    row = {"pass": pass_, "dtype": dtype, "shape": shape, "B": B, "H": H, "Hkv": hkv, "D": D, "S": S,
-           "causal": causal}
+    row = {"pass": pass_, "dtype": dtype, "shape": shape, "B": B, "H": H, "Hkv": hkv, "D": D, "S": S, "causal": causal}
     ms, peak = bench_cupyattn(B, H, S, D, dtype, causal, backward, heads_kv=hkv)
     row.update(cupyattn=f / ms / 1e9, ms=ms, peak_mib=peak / 2**20)
     if backward and _plans_differ(B, H, hkv, S, D, dtype, causal):
@@ -234,8 +240,14 @@ def table(rows, pass_):
         if r["pass"] != pass_:
             continue
         heads = f"{r['H']}" if r["H"] == r["Hkv"] else f"{r['H']}/{r['Hkv']}"
-        cells = [r["dtype"], f"B={r['B']} {heads}", str(r["D"]), str(r["S"]), "yes" if r["causal"] else "no",
-                 num(r["cupyattn"])]
+        cells = [
+            r["dtype"],
+            f"B={r['B']} {heads}",
+            str(r["D"]),
+            str(r["S"]),
+            "yes" if r["causal"] else "no",
+            num(r["cupyattn"]),
+        ]
         if nondet:
             cells.append(num(r.get("cupyattn_nondeterministic")))
         cells += [num(r.get(b)) for b in BASELINES]

@@ -61,8 +61,13 @@ def errors(S, D, causal, backward, rng, deterministic=True):
     result["ffma"] = err([x.get() for x in got] if backward else got.get(), ref)
     for mode in PRECISIONS:
         out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, precision=mode)
-        got = cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=mode,
-                                          deterministic=deterministic) if backward else out
+        got = (
+            cupyattn.attention_backward(
+                do, q, k, v, out, lse, causal=causal, precision=mode, deterministic=deterministic
+            )
+            if backward
+            else out
+        )
         result[mode] = err([x.get() for x in got] if backward else got.get(), ref)
     return result
 
@@ -89,8 +94,9 @@ def main():
                     tms, _ = bench_torch(B, H, S, D, "float32", causal, backward, "EFFICIENT_ATTENTION")
                     row["torch_ms"] = tms
                     for mode in PRECISIONS:
-                        ms, _ = bench_cupyattn(B, H, S, D, "float32", causal, backward, precision=mode,
-                                               deterministic=deterministic)
+                        ms, _ = bench_cupyattn(
+                            B, H, S, D, "float32", causal, backward, precision=mode, deterministic=deterministic
+                        )
                         row[f"{mode}_ms"] = ms
                         row[f"{mode}_tflops"] = f / ms / 1e9
                     if not backward or S <= 1024:
@@ -98,20 +104,30 @@ def main():
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     for pass_ in args.passes.split(","):
-        print(f"\n### {'Forward' if pass_ == 'fwd' else 'Backward'}, float32, B={B}, H={H}: "
-              "speed-up over torch SDPA float32 (efficient backend), max abs error\n")
-        print("| D | S | causal | torch ms | " + " | ".join(f"{m} ms | {m} vs torch" for m in PRECISIONS)
-              + " | err numpy f32 | err ffma | " + " | ".join(f"err {m}" for m in PRECISIONS) + " |")
+        print(
+            f"\n### {'Forward' if pass_ == 'fwd' else 'Backward'}, float32, B={B}, H={H}: "
+            "speed-up over torch SDPA float32 (efficient backend), max abs error\n"
+        )
+        print(
+            "| D | S | causal | torch ms | "
+            + " | ".join(f"{m} ms | {m} vs torch" for m in PRECISIONS)
+            + " | err numpy f32 | err ffma | "
+            + " | ".join(f"err {m}" for m in PRECISIONS)
+            + " |"
+        )
         print("|" + "---|" * (4 + 2 * len(PRECISIONS) + 2 + len(PRECISIONS)))
         for r in rows:
             if r["pass"] != pass_:
                 continue
             e = r.get("errors", {})
             fmt = lambda x: "-" if x is None else f"{x:.2e}"
-            print(f"| {r['D']} | {r['S']} | {'yes' if r['causal'] else 'no'} | {r['torch_ms']:.3f} | "
-                  + " | ".join(f"{r[f'{m}_ms']:.3f} | {r['torch_ms'] / r[f'{m}_ms']:.2f}x" for m in PRECISIONS)
-                  + f" | {fmt(e.get('numpy f32'))} | {fmt(e.get('ffma'))} | "
-                  + " | ".join(fmt(e.get(m)) for m in PRECISIONS) + " |")
+            print(
+                f"| {r['D']} | {r['S']} | {'yes' if r['causal'] else 'no'} | {r['torch_ms']:.3f} | "
+                + " | ".join(f"{r[f'{m}_ms']:.3f} | {r['torch_ms'] / r[f'{m}_ms']:.2f}x" for m in PRECISIONS)
+                + f" | {fmt(e.get('numpy f32'))} | {fmt(e.get('ffma'))} | "
+                + " | ".join(fmt(e.get(m)) for m in PRECISIONS)
+                + " |"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

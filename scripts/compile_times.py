@@ -46,9 +46,11 @@ def main():
     print(f"{'configuration':<72} {'cold s':>7} {'warm s':>7}")
     for name in cold:
         print(f"{name:<72} {cold[name]:>7.2f} {warm[name]:>7.3f}")
-    print(f"{len(cold)} configurations: cold {sum(cold.values()):.1f}s total "
-          f"(median {sorted(cold.values())[len(cold) // 2]:.2f}s), warm {sum(warm.values()):.2f}s total; "
-          f"whole process cold {cold_wall:.1f}s, warm {warm_wall:.1f}s")
+    print(
+        f"{len(cold)} configurations: cold {sum(cold.values()):.1f}s total "
+        f"(median {sorted(cold.values())[len(cold) // 2]:.2f}s), warm {sum(warm.values()):.2f}s total; "
+        f"whole process cold {cold_wall:.1f}s, warm {warm_wall:.1f}s"
+    )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,10 @@ def main() -> int:
         print(f"no current GPU ({type(exc).__name__}); named devices only")
     (out / "capabilities.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "capabilities.md").write_text(named_devices_markdown() + "\n")
-    print(f"wrote {os.path.relpath(out / 'capabilities.md')} and capabilities.json"
-          + (" and capabilities-current.md" if current else ""))
+    print(
+        f"wrote {os.path.relpath(out / 'capabilities.md')} and capabilities.json"
+        + (" and capabilities-current.md" if current else "")
+    )
     return 0
 
 

@@ -33,8 +33,10 @@ def main():
     policies = (Policy(**thresholds), Policy(families={"mma", "simt"}, **thresholds))  # as planned, mma.sync only
     B, H = args.batch, 16
     spec = current_device()
-    print(f"{args.pass_}, B={B}, H={H}\n| mode | D | S | causal | as planned ms | kernels | mma.sync only ms | ratio |\n"
-          "|---|---|---|---|---|---|---|---|")
+    print(
+        f"{args.pass_}, B={B}, H={H}\n| mode | D | S | causal | as planned ms | kernels | mma.sync only ms | ratio |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
     for precision in args.precisions.split(","):
         for D in (int(d) for d in args.dims.split(",")):
             for S in (int(s) for s in args.seqlens.split(",")):
@@ -48,18 +50,30 @@ def main():
                             call = lambda: cupyattn.attention(q, k, v, policy=policy, **opts)  # noqa: E731
                         else:
                             out, lse = cupyattn.attention(q, k, v, return_lse=True, **opts)
-                            call = lambda: cupyattn.attention_backward(do, q, k, v, out, lse,  # noqa: E731
-                                                                       policy=policy, **opts)
+                            call = lambda: cupyattn.attention_backward(
+                                do,
+                                q,
+                                k,
+                                v,
+                                out,
+                                lse,  # noqa: E731
+                                policy=policy,
+                                **opts,
+                            )
                         if kernels is None:
-                            problem = P.AttentionProblem("float32", D, D, causal, B, H, H, S, S,
-                                                         precision=(precision,))
-                            plans = ((P.plan_forward(problem, spec, policy=policy),) if args.pass_ == "fwd"
-                                     else P.plan_backward(problem, spec, policy=policy).plans)
-                            kernels = "+".join("wgmma" if isinstance(p.config, P.WgmmaConfig) else "mma"
-                                               for p in plans)
+                            problem = P.AttentionProblem("float32", D, D, causal, B, H, H, S, S, precision=(precision,))
+                            plans = (
+                                (P.plan_forward(problem, spec, policy=policy),)
+                                if args.pass_ == "fwd"
+                                else P.plan_backward(problem, spec, policy=policy).plans
+                            )
+                            kernels = "+".join("wgmma" if isinstance(p.config, P.WgmmaConfig) else "mma" for p in plans)
                         times.append(median_ms(call, repeats=10, warmup=2))
-                    print(f"| {precision} | {D} | {S} | {causal} | {times[0]:.3f} | {kernels} | {times[1]:.3f} | "
-                          f"{times[1] / times[0]:.2f}x |", flush=True)
+                    print(
+                        f"| {precision} | {D} | {S} | {causal} | {times[0]:.3f} | {kernels} | {times[1]:.3f} | "
+                        f"{times[1] / times[0]:.2f}x |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

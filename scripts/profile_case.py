@@ -37,9 +37,18 @@ def main():
         out, lse = cupyattn.attention(q, k, v, causal=args.causal, return_lse=True, precision=args.precision)
         cupyattn.attention_backward(do, q, k, v, out, lse, causal=args.causal, precision=args.precision)
     cupy.cuda.Device().synchronize()
-    problem = cupyattn.AttentionProblem(args.dtype, args.dim, args.dim, args.causal, args.batch,
-                                        args.heads, args.heads, args.seqlen, args.seqlen,
-                                        precision=cupyattn.plan.parse_precision(args.precision, args.dtype))
+    problem = cupyattn.AttentionProblem(
+        args.dtype,
+        args.dim,
+        args.dim,
+        args.causal,
+        args.batch,
+        args.heads,
+        args.heads,
+        args.seqlen,
+        args.seqlen,
+        precision=cupyattn.plan.parse_precision(args.precision, args.dtype),
+    )
     spec = cupyattn.current_device()
     bwd = cupyattn.plan_backward(problem, spec)
     for plan in (cupyattn.plan_forward(problem, spec), bwd.dkdv, bwd.dq):

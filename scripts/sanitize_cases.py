@@ -40,8 +40,10 @@ def suite():
     runs = [("float16", None), ("bfloat16", None)] + [("float32", p) for p in ("fp32", "tf32", "bf16", "fp16")]
     for dtype, precision in runs:
         for B, Sq, Sk, Hq, Hkv, D, causal in CASES:
-            q, k, v, do = (testing.to_device(testing.host_values(shape, dtype, rng), dtype) for shape in
-                           ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D)))
+            q, k, v, do = (
+                testing.to_device(testing.host_values(shape, dtype, rng), dtype)
+                for shape in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D))
+            )
             _case(dtype, precision, (B, Sq, Sk, Hq, Hkv, D, causal))
             out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, precision=precision)
             cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=precision)
@@ -53,8 +55,10 @@ def suite():
     n_wgmma = _wgmma_forward(rng)
     n_wgmma_bwd = _wgmma_backward(rng)
     cupy.cuda.Device().synchronize()
-    print(f"sanitize cases: {n} shapes x (forward, backward, strided forward) ran, "
-          f"{n_wgmma} wgmma forwards, {n_wgmma_bwd} wgmma backwards")
+    print(
+        f"sanitize cases: {n} shapes x (forward, backward, strided forward) ran, "
+        f"{n_wgmma} wgmma forwards, {n_wgmma_bwd} wgmma backwards"
+    )
 
 
 def _case(kind, precision, shape):
@@ -76,8 +80,10 @@ def _wgmma_forward(rng) -> int:
         for B, Sq, Sk, Hq, Hkv, D, causal in CASES + [(1, 70, 31, 1, 1, 256, False)]:
             if Sq < 33:
                 continue
-            q, k, v = (testing.to_device(testing.host_values(shape, "float32", rng), "float32") for shape in
-                       ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D)))
+            q, k, v = (
+                testing.to_device(testing.host_values(shape, "float32", rng), "float32")
+                for shape in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D))
+            )
             problem = AttentionProblem("float32", D, D, causal, B, Hq, Hkv, Sq, Sk, precision=precision)
             assert isinstance(plan_forward(problem, current_device(), policy=policy).config, FwdWgmmaConfig)
             _case("wgmma forward", precision, (B, Sq, Sk, Hq, Hkv, D, causal))
@@ -92,26 +98,44 @@ def _wgmma_backward(rng) -> int:
     the way and the fused pass allowed at any length."""
     if current_device().compute_capability != (9, 0):
         return 0
-    policy = Policy(families={"wgmma", "simt", "fused"}, wgmma_backward_min_rows=0,
-                    wgmma_backward_min_rows_from_128=0,
-                    fused_where={(m, d) for m in ("fp32", "tf32") for d in (64, 128, 192, 256)})
+    policy = Policy(
+        families={"wgmma", "simt", "fused"},
+        wgmma_backward_min_rows=0,
+        wgmma_backward_min_rows_from_128=0,
+        fused_where={(m, d) for m in ("fp32", "tf32") for d in (64, 128, 192, 256)},
+    )
     n = 0
     for precision in ("fp32", "tf32"):
         for B, Sq, Sk, Hq, Hkv, D, causal in CASES + [(1, 70, 31, 1, 1, 256, False), (2, 100, 70, 4, 2, 64, True)]:
             for deterministic in (True, False):
-                problem = AttentionProblem("float32", D, D, causal, B, Hq, Hkv, Sq, Sk, precision=precision,
-                                           deterministic=deterministic)
+                problem = AttentionProblem(
+                    "float32", D, D, causal, B, Hq, Hkv, Sq, Sk, precision=precision, deterministic=deterministic
+                )
                 bwd = plan_backward(problem, current_device(), policy=policy)
                 if not any(isinstance(p.config, WgmmaConfig) for p in bwd.plans) or (
-                        not deterministic and bwd.dq is not None):
+                    not deterministic and bwd.dq is not None
+                ):
                     continue
-                q, k, v, do = (testing.to_device(testing.host_values(shape, "float32", rng), "float32")
-                               for shape in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D)))
-                _case("wgmma backward" + ("" if deterministic else ", fused"), precision,
-                      (B, Sq, Sk, Hq, Hkv, D, causal))
+                q, k, v, do = (
+                    testing.to_device(testing.host_values(shape, "float32", rng), "float32")
+                    for shape in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D))
+                )
+                _case(
+                    "wgmma backward" + ("" if deterministic else ", fused"), precision, (B, Sq, Sk, Hq, Hkv, D, causal)
+                )
                 out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, precision=precision)
-                cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, precision=precision,
-                                            deterministic=deterministic, policy=policy)
+                cupyattn.attention_backward(
+                    do,
+                    q,
+                    k,
+                    v,
+                    out,
+                    lse,
+                    causal=causal,
+                    precision=precision,
+                    deterministic=deterministic,
+                    policy=policy,
+                )
                 n += 1
     return n
 

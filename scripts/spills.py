@@ -44,8 +44,11 @@ from cupyattn.compile import compile_only, empty_wgmmas, kernels_hash, sass
 from cupyattn.device import named_device
 
 MMA_ARCHS = "sm_80,sm_86,sm_89,sm_90,sm_100,sm_120"
-MMA_FAMILIES = ((P.FwdMmaConfig, "FWD_MMA_TILES"), (P.BwdDkdvMmaConfig, "BWD_DKDV_MMA_TILES"),
-                (P.BwdDqMmaConfig, "BWD_DQ_MMA_TILES"))
+MMA_FAMILIES = (
+    (P.FwdMmaConfig, "FWD_MMA_TILES"),
+    (P.BwdDkdvMmaConfig, "BWD_DKDV_MMA_TILES"),
+    (P.BwdDqMmaConfig, "BWD_DQ_MMA_TILES"),
+)
 WGMMA_FAMILIES = {
     "dkdv": (P.BwdDkdvWgmmaConfig, "BWD_DKDV_WGMMA_TILES"),
     "dq": (P.BwdDqWgmmaConfig, "BWD_DQ_WGMMA_TILES"),
@@ -73,10 +76,12 @@ def planned(args):
     tiles = []
     for arch in args.archs.split(","):
         device = named_device(arch)
-        configs = P.planned_configs(device, _ints(args.dims), ("float16", "bfloat16", "float32"),
-                                    causals=(False, True), precisions=P.PRECISIONS)
-        configs.update(P.planned_configs(device, _ints(args.fp32_dims), ("float32",), causals=(False, True),
-                                         precisions=("fp32",)))
+        configs = P.planned_configs(
+            device, _ints(args.dims), ("float16", "bfloat16", "float32"), causals=(False, True), precisions=P.PRECISIONS
+        )
+        configs.update(
+            P.planned_configs(device, _ints(args.fp32_dims), ("float32",), causals=(False, True), precisions=("fp32",))
+        )
         tiles += [(cfg, arch) for cfg in configs.values() if isinstance(cfg, P.MmaConfig)]
     jobs = [(cfg, arch) for cfg, arch in tiles if (arch, cfg.name_expression) not in seen]
     print(f"{len(tiles)} planned tiles, compiling {len(jobs)}", file=sys.stderr, flush=True)
@@ -85,8 +90,10 @@ def planned(args):
         for (cfg, arch), spills in zip(jobs, pool.map(_spills, jobs)):
             seen[arch, cfg.name_expression] = spills
             if log:
-                log.write(json.dumps({"kernels": kernels_hash(), "arch": arch, "name": cfg.name_expression,
-                                      "spills": spills}) + "\n")
+                log.write(
+                    json.dumps({"kernels": kernels_hash(), "arch": arch, "name": cfg.name_expression, "spills": spills})
+                    + "\n"
+                )
                 log.flush()
     for cfg, arch in tiles:
         if seen[arch, cfg.name_expression]:
@@ -97,16 +104,24 @@ def _map_row(job):
     cfg, arch = job
     r = compile_only(cfg, arch)
     cc = (int(arch[3:-1]), int(arch[-1]))
-    return dict(name=cfg.name_expression, family=f"{cfg.KERNEL.split('::')[1]} {cfg.precision}", arch=arch,
-                accumulators=cfg.register_load[0], admitted=cfg.fits_registers(cc),
-                registers=r.registers, spills=r.spills)
+    return dict(
+        name=cfg.name_expression,
+        family=f"{cfg.KERNEL.split('::')[1]} {cfg.precision}",
+        arch=arch,
+        accumulators=cfg.register_load[0],
+        admitted=cfg.fits_registers(cc),
+        registers=r.registers,
+        spills=r.spills,
+    )
 
 
 def spill_map(args):
     modes = [tuple(m.split(":")) for m in args.modes.split(",")]
-    candidates = [cls(dtype, precision, d, *tile, True)
-                  for (dtype, precision), d, (cls, attr) in itertools.product(modes, _ints(args.dims), MMA_FAMILIES)
-                  for tile in getattr(P, attr)]
+    candidates = [
+        cls(dtype, precision, d, *tile, True)
+        for (dtype, precision), d, (cls, attr) in itertools.product(modes, _ints(args.dims), MMA_FAMILIES)
+        for tile in getattr(P, attr)
+    ]
     jobs = [(cfg, arch) for cfg in candidates if cfg.valid for arch in args.archs.split(",")]
     print(f"compiling {len(jobs)} tiles", file=sys.stderr, flush=True)
     with ProcessPoolExecutor(args.jobs) as pool:
@@ -122,8 +137,10 @@ def spill_map(args):
         spilled = [r["accumulators"] for r in rs if r["spills"]]
         clean = [r["accumulators"] for r in rs if not r["spills"]]
         bad = [r["name"] for r in rs if r["spills"] and r["admitted"]]
-        print(f"| {family} | {arch} | {min(spilled) if spilled else '-'} | {max(clean) if clean else '-'} "
-              f"| {', '.join(bad) or 'none'} |")
+        print(
+            f"| {family} | {arch} | {min(spilled) if spilled else '-'} | {max(clean) if clean else '-'} "
+            f"| {', '.join(bad) or 'none'} |"
+        )
 
 
 def audited_tiles(device, dims, causals, families, admitted: bool) -> list:
@@ -163,8 +180,10 @@ def _rules_row(job):
 def rules(args, parser):
     device = named_device(args.device)
     if device.compute_capability != (9, 0):
-        parser.error(f"--device: expected a named sm_90 GPU (the wgmma kernels run on sm_90 only), got "
-                     f"{args.device}, {device.arch}")
+        parser.error(
+            f"--device: expected a named sm_90 GPU (the wgmma kernels run on sm_90 only), got "
+            f"{args.device}, {device.arch}"
+        )
     families = args.families.split(",")
     unknown = [f for f in families if f not in WGMMA_FAMILIES]
     if unknown:
@@ -173,17 +192,22 @@ def rules(args, parser):
     tiles = audited_tiles(device, _ints(args.dims), causals, families, args.admitted)
     if args.list:
         for cfg, why in tiles:
-            print(f"{cfg.precision} {cfg.head_dim_pad} {cfg.block_m}x{cfg.block_n}x{cfg.num_warps} "
-                  f"{'causal' if cfg.causal else 'full'}: {cfg.name_expression}"
-                  f" | rule: {why if why else 'admitted'}")
+            print(
+                f"{cfg.precision} {cfg.head_dim_pad} {cfg.block_m}x{cfg.block_n}x{cfg.num_warps} "
+                f"{'causal' if cfg.causal else 'full'}: {cfg.name_expression}"
+                f" | rule: {why if why else 'admitted'}"
+            )
         return
     print(f"compiling {len(tiles)} tiles for sm_90a", file=sys.stderr, flush=True)
     with ProcessPoolExecutor(args.jobs) as pool:
         results = pool.map(_rules_row, [(cfg, device.arch) for cfg, _ in tiles])
         for (cfg, why), (registers, spills, empty) in zip(tiles, results):
-            print(f"{verdict(why, spills, empty):<15} {cfg.name_expression}: {registers} registers, "
-                  f"{spills} bytes spilled{f', {empty} empty HGMMAs' if empty else ''}"
-                  f"{f' | rule: {why}' if why else ''}", flush=True)
+            print(
+                f"{verdict(why, spills, empty):<15} {cfg.name_expression}: {registers} registers, "
+                f"{spills} bytes spilled{f', {empty} empty HGMMAs' if empty else ''}"
+                f"{f' | rule: {why}' if why else ''}",
+                flush=True,
+            )
 
 
 def main():
@@ -192,8 +216,11 @@ def main():
     p = sub.add_parser("planned", help="the planned mma.sync tiles that spill")
     p.add_argument("--archs", default=MMA_ARCHS)
     p.add_argument("--dims", default="32,64,96,128,160,192,256")
-    p.add_argument("--fp32-dims", default=",".join(str(d) for d in range(144, 257, 16)),
-                   help="head dims where 3xTF32 (float32 \"fp32\") is also compiled")
+    p.add_argument(
+        "--fp32-dims",
+        default=",".join(str(d) for d in range(144, 257, 16)),
+        help='head dims where 3xTF32 (float32 "fp32") is also compiled',
+    )
     p.add_argument("--results", default=None, help="JSON-lines file of compiles kept between runs")
     p.add_argument("--jobs", type=int, default=2)
     m = sub.add_parser("map", help="accumulators per lane that spill, per mma.sync kernel and architecture")

@@ -39,14 +39,15 @@ FUSED_EVERYWHERE = {(m, d) for m in P.PRECISIONS for d in range(16, 257, 16)}
 
 
 def parse_tiles(text: str) -> set:
-    """"16x128x8,32x64x4" -> {(16, 128, 8), (32, 64, 4)}."""
+    """ "16x128x8,32x64x4" -> {(16, 128, 8), (32, 64, 4)}."""
     try:
         tiles = {tuple(int(x) for x in item.split("x")) for item in text.split(",") if item}
     except ValueError:
         tiles = {()}
     if not tiles or any(len(t) != 3 for t in tiles):
         raise argparse.ArgumentTypeError(
-            f"expected block_m x block_n x warps, comma-separated (e.g. 16x128x8), got {text!r}")
+            f"expected block_m x block_n x warps, comma-separated (e.g. 16x128x8), got {text!r}"
+        )
     return tiles
 
 
@@ -58,8 +59,12 @@ def main():
     parser.add_argument("--dims", default="64,128,256")
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--families", default="forward,dkdv,dq")
-    parser.add_argument("--tiles", type=parse_tiles, default=None,
-                        help="block_m x block_n x warps, comma-separated: time only these listed tiles")
+    parser.add_argument(
+        "--tiles",
+        type=parse_tiles,
+        default=None,
+        help="block_m x block_n x warps, comma-separated: time only these listed tiles",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     B, H, S = 4, 16, args.seqlen
@@ -84,30 +89,55 @@ def main():
                     if backward:
                         fused = family == "fused"
                         out, lse = cupyattn.attention(q, k, v, return_lse=True, **opts)
-                        ms = median_ms(lambda: cupyattn.attention_backward(do, q, k, v, out, lse, deterministic=not fused,
-                                                                           policy=policy, **opts),
-                                       repeats=10, warmup=2)
-                        bplan = P.plan_backward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S,
-                                                                   precision=(precision,), deterministic=not fused),
-                                                spec, policy=policy)
+                        ms = median_ms(
+                            lambda: cupyattn.attention_backward(
+                                do, q, k, v, out, lse, deterministic=not fused, policy=policy, **opts
+                            ),
+                            repeats=10,
+                            warmup=2,
+                        )
+                        bplan = P.plan_backward(
+                            P.AttentionProblem(
+                                args.dtype,
+                                D,
+                                D,
+                                args.causal,
+                                B,
+                                H,
+                                H,
+                                S,
+                                S,
+                                precision=(precision,),
+                                deterministic=not fused,
+                            ),
+                            spec,
+                            policy=policy,
+                        )
                         chosen = (bplan.dq if family.startswith("dq") else bplan.dkdv).config
                     else:
                         ms = median_ms(lambda: cupyattn.attention(q, k, v, policy=policy, **opts), repeats=10, warmup=2)
-                        chosen = P.plan_forward(P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S,
-                                                                   precision=(precision,)), spec, policy=policy).config
+                        chosen = P.plan_forward(
+                            P.AttentionProblem(args.dtype, D, D, args.causal, B, H, H, S, S, precision=(precision,)),
+                            spec,
+                            policy=policy,
+                        ).config
                     assert chosen == cfg, (chosen, cfg)
-                    row = dict(family=family, D=D, tile=list(tile), ms=ms, name=cfg.name_expression,
-                               smem=cfg.layout.total)
+                    row = dict(
+                        family=family, D=D, tile=list(tile), ms=ms, name=cfg.name_expression, smem=cfg.layout.total
+                    )
                 except Exception as exc:  # a candidate that fails to compile or launch is reported, not fatal
                     row = dict(family=family, D=D, tile=list(tile), ms=None, error=str(exc)[:300])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print(f"\n{args.dtype} ({precision}) B={B} H={H} S={S} causal={args.causal}: whole-call ms "
-          "(backward: delta + dK/dV + dQ), fastest first")
+    print(
+        f"\n{args.dtype} ({precision}) B={B} H={H} S={S} causal={args.causal}: whole-call ms "
+        "(backward: delta + dK/dV + dQ), fastest first"
+    )
     for family in args.families.split(","):
         for D in (int(d) for d in args.dims.split(",")):
-            timed = sorted((r for r in rows if r["family"] == family and r["D"] == D and r["ms"]),
-                           key=lambda r: r["ms"])
+            timed = sorted(
+                (r for r in rows if r["family"] == family and r["D"] == D and r["ms"]), key=lambda r: r["ms"]
+            )
             print(f"{family} D={D}: " + ", ".join(f"{tuple(r['tile'])} {r['ms']:.3f}" for r in timed))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -13,8 +13,12 @@ HEAD_DIMS = [1, 3, 8, 31, 33, 64, 80, 96, 128, 160, 200, 256]
 SEQLENS = [1, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 200]
 # The backward without mma.sync's dK/dV and dQ tiles: on sm_90, wgmma's wherever they fit.
 NO_MMA_BACKWARD = Policy(tiles={"bwd_dkdv_mma": (), "bwd_dq_mma": ()})
-SETTINGS = settings(max_examples=25, deadline=None, derandomize=False,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=False,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def device_array(values: np.ndarray, dtype: str, strided: bool, rng):
@@ -24,8 +28,8 @@ def device_array(values: np.ndarray, dtype: str, strided: bool, rng):
     B, S, H, D = values.shape
     big = np.full((B, S + 1, H + 2, D + 3), np.nan, dtype=np.float32)
     h0 = int(rng.integers(0, 3))
-    big[:, :S, h0:h0 + H, :D] = values
-    return testing.to_device(big, dtype)[:, :S, h0:h0 + H, :D]
+    big[:, :S, h0 : h0 + H, :D] = values
+    return testing.to_device(big, dtype)[:, :S, h0 : h0 + H, :D]
 
 
 @st.composite
@@ -33,10 +37,15 @@ def problems(draw):
     hkv = draw(st.integers(1, 3))
     D = draw(st.sampled_from(HEAD_DIMS))
     return dict(
-        B=draw(st.integers(1, 3)), Sq=draw(st.sampled_from(SEQLENS)), Sk=draw(st.sampled_from(SEQLENS)),
-        Hkv=hkv, Hq=hkv * draw(st.integers(1, 3)), D=D,
+        B=draw(st.integers(1, 3)),
+        Sq=draw(st.sampled_from(SEQLENS)),
+        Sk=draw(st.sampled_from(SEQLENS)),
+        Hkv=hkv,
+        Hq=hkv * draw(st.integers(1, 3)),
+        D=D,
         Dv=draw(st.sampled_from([D, D, D, 8, 72, 128])),
         scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
-        layout=draw(st.sampled_from(["bshd", "bhsd"])), strided=draw(st.booleans()),
+        layout=draw(st.sampled_from(["bshd", "bhsd"])),
+        strided=draw(st.booleans()),
         seed=draw(st.integers(0, 2**31)),
     )

@@ -14,7 +14,7 @@ def compile_probe(source: str, name: str, arch: str = "sm_90") -> tuple[bytes, s
     return _compiled(cc.hashed_source(source), name, arch)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(source: str, name: str, arch: str) -> tuple[bytes, str, str]:
     # (keyed by the hashed source: an edit of any kernel header is another key)
     nvrtc = cc._Nvrtc.for_arch(arch)

@@ -161,21 +161,30 @@ def _reciprocal(x: float) -> int:
 
 def _max_min(pick):
     """max.f32 / min.f32: a NaN operand gives the other one."""
+
     def f(a, b, c):
         return _bits(np.float32(b if np.isnan(a) else a if np.isnan(b) else pick(a, b)))
+
     return f
 
 
 # float32 operations on the operands' values (Python floats, exact): add, sub and mul
 # rounded once in double, then to float32, are rounded as once to float32 (53 >= 2 x 24 + 2).
-_FLOAT_OPS = {"add": lambda a, b, c: _bits(a + b), "sub": lambda a, b, c: _bits(a - b),
-              "mul": lambda a, b, c: _bits(a * b), "fma": _fma, "neg": lambda a, b, c: _bits(-a),
-              "abs": lambda a, b, c: _bits(abs(a)),
-              "max": _max_min(max), "min": _max_min(min)}
+_FLOAT_OPS = {
+    "add": lambda a, b, c: _bits(a + b),
+    "sub": lambda a, b, c: _bits(a - b),
+    "mul": lambda a, b, c: _bits(a * b),
+    "fma": _fma,
+    "neg": lambda a, b, c: _bits(-a),
+    "abs": lambda a, b, c: _bits(abs(a)),
+    "max": _max_min(max),
+    "min": _max_min(min),
+}
 
 
 def _integer_op(name: str, op: str, bits: int, signed: bool):
     """f(a, b, c) of one integer instruction on operands already masked to ``bits``."""
+
     def s(x):
         return _signed(x, bits) if signed else x
 
@@ -188,19 +197,28 @@ def _integer_op(name: str, op: str, bits: int, signed: bool):
     if name == "mad" and ".lo" in op:
         return lambda a, b, c: a * b + c
     if name in ("div", "rem"):
+
         def divide(a, b, c):
             x, y = s(a), s(b)
             q = abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
             return q if name == "div" else x - q * y
+
         return divide
     if name == "shr":
         return (lambda a, b, c: _signed(a, bits) >> min(b, bits - 1)) if signed else (lambda a, b, c: a >> min(b, bits))
     if name in ("min", "max"):
         pick = min if name == "min" else max
         return lambda a, b, c: pick(s(a), s(b))
-    simple = {"add": lambda a, b, c: a + b, "sub": lambda a, b, c: a - b, "shl": lambda a, b, c: a << min(b, bits),
-              "and": lambda a, b, c: a & b, "or": lambda a, b, c: a | b, "xor": lambda a, b, c: a ^ b,
-              "not": lambda a, b, c: ~a, "neg": lambda a, b, c: -a}
+    simple = {
+        "add": lambda a, b, c: a + b,
+        "sub": lambda a, b, c: a - b,
+        "shl": lambda a, b, c: a << min(b, bits),
+        "and": lambda a, b, c: a & b,
+        "or": lambda a, b, c: a | b,
+        "xor": lambda a, b, c: a ^ b,
+        "not": lambda a, b, c: ~a,
+        "neg": lambda a, b, c: -a,
+    }
     if name in simple:
         return simple[name]
     raise NotImplementedError(op)
@@ -229,7 +247,8 @@ class PtxKernel:
         # Shared arrays: the static ones one after another, the dynamic one (extern) after them.
         self.shared_symbols, self.static_shared, dynamic = {}, 0, []
         for extern, align, bits, name, size in re.findall(
-                r"(\.extern\s+)?\.shared\s+\.align\s+(\d+)\s+\.[a-z]+(\d+)\s+(\w+)(?:\[(\d*)\])?\s*;", ptx):
+            r"(\.extern\s+)?\.shared\s+\.align\s+(\d+)\s+\.[a-z]+(\d+)\s+(\w+)(?:\[(\d*)\])?\s*;", ptx
+        ):
             if extern:
                 dynamic.append((int(align), name))
                 continue
@@ -248,12 +267,13 @@ class PtxKernel:
                 if not label:
                     break
                 self.labels[label.group(1)] = len(self.statements)
-                statement = statement[label.end():]
+                statement = statement[label.end() :]
             if statement and not statement.startswith("."):  # (declarations: .reg, ...)
                 self.statements.append(statement)
 
-    def run(self, threads: int, args: list, shared_bytes: int = 0, blocks: int = 1,
-            wavefronts: dict | None = None) -> list:
+    def run(
+        self, threads: int, args: list, shared_bytes: int = 0, blocks: int = 1, wavefronts: dict | None = None
+    ) -> list:
         """Run ``blocks`` blocks (x only) of ``threads`` threads with ``args``, one block
         after another: for a pointer, a contiguous numpy array or (array, byte offset)
         (read and written in place; the same array twice is one allocation), else an int.
@@ -281,8 +301,12 @@ def bank_wavefronts(accesses: list) -> int:
     per_phase = 128 // width
     total = 0
     for phase in {lane // per_phase for lane, _, _ in accesses}:
-        words = {word for lane, at, size in accesses if lane // per_phase == phase
-                 for word in range(at // 4, (at + size) // 4)}
+        words = {
+            word
+            for lane, at, size in accesses
+            if lane // per_phase == phase
+            for word in range(at // 4, (at + size) // 4)
+        }
         banks: dict = {}
         for word in words:
             banks[word % 32] = banks.get(word % 32, 0) + 1
@@ -340,31 +364,40 @@ class _Grid:
         clock = self.clocks[thread]
         for word in range(address // 4, (address + size + 3) // 4):
             if not stored and word not in self.words:
-                raise UninitializedError(f"shared word at byte {4 * word}: thread {thread} loads it, nothing "
-                                         "stored it")
+                raise UninitializedError(f"shared word at byte {4 * word}: thread {thread} loads it, nothing stored it")
             writer, written, readers, unfenced = self.words.get(word, (None, 0, None, None))
             if writer is not None and writer != thread and written > clock[writer]:
-                raise RaceError(f"shared word at byte {4 * word}: thread {thread} {'stores' if stored else 'loads'} "
-                                f"it, thread {writer} stored it, unordered (not before it: no barrier, mbarrier "
-                                "phase or shuffle between them)")
+                raise RaceError(
+                    f"shared word at byte {4 * word}: thread {thread} {'stores' if stored else 'loads'} "
+                    f"it, thread {writer} stored it, unordered (not before it: no barrier, mbarrier "
+                    "phase or shuffle between them)"
+                )
             pending = self.in_flight.get(word)
             if stored and pending:
-                raise RaceError(f"shared word at byte {4 * word}: thread {thread} stores it while a wgmma still "
-                                "reads it (before a wait_group retires it)")
+                raise RaceError(
+                    f"shared word at byte {4 * word}: thread {thread} stores it while a wgmma still "
+                    "reads it (before a wait_group retires it)"
+                )
             if stored and readers:
                 for reader, read in readers.items():
                     if isinstance(read, _AsyncRead):  # a wgmma's: after any wait_group that saw it done
                         if not any(t == thread or c <= clock[t] for t, c in read.observed):
-                            raise RaceError(f"shared word at byte {4 * word}: thread {thread} stores it, a wgmma of "
-                                            f"threads {sorted({t for t, _ in read.observed})} read it, unordered "
-                                            "with every wait_group that retired it")
+                            raise RaceError(
+                                f"shared word at byte {4 * word}: thread {thread} stores it, a wgmma of "
+                                f"threads {sorted({t for t, _ in read.observed})} read it, unordered "
+                                "with every wait_group that retired it"
+                            )
                     elif reader != thread and read > clock[reader]:
-                        raise RaceError(f"shared word at byte {4 * word}: thread {thread} stores it, thread {reader} "
-                                        "loaded it, unordered (not before it: no barrier, mbarrier phase or "
-                                        "shuffle between them)")
+                        raise RaceError(
+                            f"shared word at byte {4 * word}: thread {thread} stores it, thread {reader} "
+                            "loaded it, unordered (not before it: no barrier, mbarrier phase or "
+                            "shuffle between them)"
+                        )
             if stored and proxy == "async" and unfenced is not None:
-                raise RaceError(f"shared word at byte {4 * word}: a bulk copy overwrites it, thread {unfenced} "
-                                "stored it with no fence.proxy.async since")
+                raise RaceError(
+                    f"shared word at byte {4 * word}: a bulk copy overwrites it, thread {unfenced} "
+                    "stored it with no fence.proxy.async since"
+                )
             if stored:
                 if proxy == "generic":
                     self.unfenced[thread].add(word)
@@ -383,11 +416,14 @@ class _Grid:
                 raise UninitializedError(f"shared word at byte {4 * word}: a wgmma reads it, nothing stored it")
             writer, written, _, unfenced = self.words.get(word, (None, 0, None, None))
             if writer is not None and written > clock[writer]:
-                raise RaceError(f"shared word at byte {4 * word}: a wgmma reads it, thread {writer} stored it, "
-                                "unordered")
+                raise RaceError(
+                    f"shared word at byte {4 * word}: a wgmma reads it, thread {writer} stored it, unordered"
+                )
             if unfenced is not None:
-                raise RaceError(f"shared word at byte {4 * word}: a wgmma reads it, thread {unfenced} stored it "
-                                "with no fence.proxy.async since")
+                raise RaceError(
+                    f"shared word at byte {4 * word}: a wgmma reads it, thread {unfenced} stored it "
+                    "with no fence.proxy.async since"
+                )
             self.in_flight.setdefault(word, set()).add(id(read))
 
     def _retire_reads(self, thread: int, read: "_AsyncRead") -> None:
@@ -411,13 +447,13 @@ class _Grid:
         mem, at, shared = self._where(space, address, size)
         if shared:
             self._touch(thread, at, size, False)
-        return int.from_bytes(mem[at:at + size].tobytes(), "little")
+        return int.from_bytes(mem[at : at + size].tobytes(), "little")
 
     def store(self, thread: int, space: str, address: int, size: int, value: int):
         mem, at, shared = self._where(space, address, size)
         if shared:
             self._touch(thread, at, size, True)
-        mem[at:at + size] = np.frombuffer((value & ((1 << (8 * size)) - 1)).to_bytes(size, "little"), np.uint8)
+        mem[at : at + size] = np.frombuffer((value & ((1 << (8 * size)) - 1)).to_bytes(size, "little"), np.uint8)
 
     # decoding ----------------------------------------------------------------
     def _operand(self, token: str):
@@ -429,11 +465,13 @@ class _Grid:
             at = self.k.shared_symbols[token]
             return lambda regs: at
         if token.startswith("%") or re.fullmatch(r"[A-Za-z_][\w$]*", token):  # (inline asm's own: p, ok)
+
             def register(regs):
                 try:
                     return regs[token]
                 except KeyError:
                     raise KeyError(f"register {token} read before it is written") from None
+
             return register
         raise NotImplementedError(f"operand {token}")
 
@@ -451,7 +489,7 @@ class _Grid:
     def _decode(self, pc: int, statement: str):
         guard = re.match(r"@(!?)(%?\w+)\s+", statement)  # (inline asm names its own predicates)
         if guard:
-            statement = statement[guard.end():]
+            statement = statement[guard.end() :]
         parts = statement.split(None, 1)
         op, ops = parts[0], _split_operands(parts[1]) if len(parts) > 1 else []
         step = self._decode_op(pc, op, ops)
@@ -483,11 +521,12 @@ class _Grid:
 
             def exp2(regs):
                 x = _float(src(regs))
-                if flush and abs(x) < 2.0 ** -126:
+                if flush and abs(x) < 2.0**-126:
                     x = 0.0
                 with np.errstate(over="ignore"):
                     regs[dst] = _bits(np.float32(np.exp2(np.float64(x))))
                 return nxt
+
             return exp2
         if name in ("ld", "st"):
             return self._decode_memory(name, op, ops, nxt)
@@ -510,8 +549,12 @@ class _Grid:
             dst, src = ops[0], self._operand(ops[1])
             return lambda regs: regs.__setitem__(dst, src(regs) + shift) or nxt
         if op.endswith(".pred"):  # and, or, xor, not of predicates
-            logic = {"and": lambda a, b: a and b, "or": lambda a, b: a or b, "xor": lambda a, b: a != b,
-                     "not": lambda a, b: not a}
+            logic = {
+                "and": lambda a, b: a and b,
+                "or": lambda a, b: a or b,
+                "xor": lambda a, b: a != b,
+                "not": lambda a, b: not a,
+            }
             if name not in logic:
                 raise NotImplementedError(op)
             f, dst = logic[name], ops[0]
@@ -522,8 +565,10 @@ class _Grid:
             return lambda regs: regs.__setitem__(dst, _tf32_rna(src(regs))) or nxt
         if re.fullmatch(r"cvt\.rn\.f32\.[su]32", op):  # (an int32 is a double exactly: rounded once)
             dst, src, signed = ops[0], self._operand(ops[1]), ".s32" in op
-            return lambda regs: regs.__setitem__(
-                dst, _bits(np.float32(_signed(src(regs), 32) if signed else src(regs) & 0xFFFFFFFF))) or nxt
+            return lambda regs: (
+                regs.__setitem__(dst, _bits(np.float32(_signed(src(regs), 32) if signed else src(regs) & 0xFFFFFFFF)))
+                or nxt
+            )
         if op == "rcp.rn.f32":
             dst, src = ops[0], self._operand(ops[1])
             return lambda regs: regs.__setitem__(dst, _reciprocal(_float(src(regs)))) or nxt
@@ -549,13 +594,24 @@ class _Grid:
             if not m or len(ops) != 3:
                 raise NotImplementedError(f"{op} {', '.join(ops)}")
             bits, signed = int(m.group(3)), m.group(2) == "s"
-            compare = {"eq": "__eq__", "ne": "__ne__", "lt": "__lt__", "le": "__le__", "gt": "__gt__",
-                       "ge": "__ge__", "lo": "__lt__", "ls": "__le__", "hi": "__gt__", "hs": "__ge__"}[m.group(1)]
+            compare = {
+                "eq": "__eq__",
+                "ne": "__ne__",
+                "lt": "__lt__",
+                "le": "__le__",
+                "gt": "__gt__",
+                "ge": "__ge__",
+                "lo": "__lt__",
+                "ls": "__le__",
+                "hi": "__gt__",
+                "hs": "__ge__",
+            }[m.group(1)]
             dst, a, b = ops[0], self._operand(ops[1]), self._operand(ops[2])
             mask = (1 << bits) - 1
             if signed:
-                return lambda regs: regs.__setitem__(
-                    dst, getattr(_signed(a(regs), bits), compare)(_signed(b(regs), bits))) or nxt
+                return lambda regs: (
+                    regs.__setitem__(dst, getattr(_signed(a(regs), bits), compare)(_signed(b(regs), bits))) or nxt
+                )
             return lambda regs: regs.__setitem__(dst, getattr(a(regs) & mask, compare)(b(regs) & mask)) or nxt
         if name == "cvt":  # between integer widths: cvt.dst.src
             (_, dst_bits), (src_kind, src_bits) = _types(op)
@@ -566,6 +622,7 @@ class _Grid:
                 x = src(regs)
                 regs[dst] = (_signed(x, src_bits) if src_kind == "s" else x & ((1 << src_bits) - 1)) & mask
                 return nxt
+
             return convert
         types = _types(op)
         if not types:
@@ -582,6 +639,7 @@ class _Grid:
                 field = ((1 << n) - 1) << p & mask if p < bits else 0
                 regs[dst] = ((b(regs) & ~field) | ((a(regs) << p) & field)) & mask
                 return nxt
+
             return insert
         if name == "bfe" and not signed:  # bfe d, a, pos, len
             a, pos, length = sources
@@ -590,6 +648,7 @@ class _Grid:
                 p, n = pos(regs) & 0xFF, length(regs) & 0xFF
                 regs[dst] = ((a(regs) & mask) >> p) & ((1 << n) - 1) if p < bits else 0
                 return nxt
+
             return extract
         f = _integer_op(name, op, bits, signed)
         sources = sources + [lambda regs: 0] * (3 - len(sources))
@@ -615,6 +674,7 @@ class _Grid:
         address = self._address(ops[1] if name == "ld" else ops[0])
         pc = nxt - 1
         if name == "ld":
+
             def load(regs):
                 at = address(regs)
                 if self.log_shared:
@@ -622,6 +682,7 @@ class _Grid:
                 for i, r in enumerate(registers):
                     regs[r] = self.load(regs["%tid.x"], space, at + i * size, size)
                 return nxt
+
             return load
         values = [self._operand(r) for r in registers]
 
@@ -632,6 +693,7 @@ class _Grid:
             for i, v in enumerate(values):
                 self.store(regs["%tid.x"], space, at + i * size, size, v(regs))
             return nxt
+
         return store
 
     def _log_shared(self, regs: dict, pc: int, space: str, at: int, size: int):
@@ -646,17 +708,26 @@ class _Grid:
         """setp.CMP.f32: ordered comparisons are false where either value is NaN, the
         unordered ones (equ, ltu, ...) true; num and nan test for NaNs."""
         cmp = op.split(".")[1]
-        tests = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b,
-                 "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b}
+        tests = {
+            "eq": lambda a, b: a == b,
+            "ne": lambda a, b: a != b,
+            "lt": lambda a, b: a < b,
+            "le": lambda a, b: a <= b,
+            "gt": lambda a, b: a > b,
+            "ge": lambda a, b: a >= b,
+        }
         if len(ops) != 3 or "|" in ops[0]:
             raise NotImplementedError(f"{op} {', '.join(ops)}")
         if cmp in ("num", "nan"):
+
             def test(a, b):
                 return (np.isnan(a) or np.isnan(b)) == (cmp == "nan")
         elif cmp in tests:
+
             def test(a, b):
                 return not (np.isnan(a) or np.isnan(b)) and tests[cmp](a, b)
         elif cmp.endswith("u") and cmp[:-1] in tests:
+
             def test(a, b):
                 return bool(np.isnan(a) or np.isnan(b)) or tests[cmp[:-1]](a, b)
         else:
@@ -679,6 +750,7 @@ class _Grid:
                 if returns:
                     regs[ops[0]] = old
             return nxt
+
         return add
 
     def _decode_barrier(self, op: str, ops: list, nxt: int):
@@ -697,6 +769,7 @@ class _Grid:
         def wait(regs):
             regs["barrier"] = (barrier(regs), count(regs))
             return _BARRIER
+
         return wait
 
     def _decode_mbarrier(self, op: str, ops: list, nxt: int):
@@ -710,6 +783,7 @@ class _Grid:
             def init(regs):
                 self.mbarriers[at(regs)] = _Mbarrier(count(regs), self.threads)
                 return nxt
+
             return init
         if kind.startswith("arrive"):
             if ops[0] != "_":
@@ -724,6 +798,7 @@ class _Grid:
                 barrier.arrive(self.clocks[t])
                 self.clocks[t][t] += 1
                 return nxt
+
             return arrive
         dst, at, parity = ops[0], self._address(ops[1]), self._operand(ops[2])
 
@@ -735,6 +810,7 @@ class _Grid:
             np.maximum(self.clocks[t], barrier.completed, out=self.clocks[t])
             regs[dst] = True
             return nxt
+
         return try_wait
 
     def _mbarrier(self, address: int) -> "_Mbarrier":
@@ -759,10 +835,12 @@ class _Grid:
         if op == "wgmma.fence.sync.aligned":
             return lambda regs: nxt
         if op == "wgmma.commit_group.sync.aligned":
+
             def commit(regs):
                 groups = self.wgmma_groups[regs["%tid.x"]]
                 groups.append([])
                 return nxt
+
             return commit
         if op == "wgmma.wait_group.sync.aligned":
             keep = int(ops[0])
@@ -776,6 +854,7 @@ class _Grid:
                         self._retire_reads(t, read)
                     closed -= 1
                 return nxt
+
             return wait
         m = re.fullmatch(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k8\.f32\.tf32\.tf32", op)
         if not m or len(ops) != 6 or ops[4:] != ["1", "1"]:
@@ -785,15 +864,27 @@ class _Grid:
         if len(d_regs) != n // 2:
             raise NotImplementedError(f"{op}: {len(d_regs)} accumulators")
         from_registers = ops[1].startswith("{")
-        a = ([self._operand(r.strip()) for r in ops[1].strip("{}").split(",")] if from_registers
-             else self._operand(ops[1]))
+        a = (
+            [self._operand(r.strip()) for r in ops[1].strip("{}").split(",")]
+            if from_registers
+            else self._operand(ops[1])
+        )
         b, scale_d = self._operand(ops[2]), self._operand(ops[3])
 
         def offer(regs):
             a_value = [x(regs) for x in a] if from_registers else a(regs)
-            regs["wgmma"] = (nxt, n, d_regs, [regs.get(r, 0) for r in d_regs], from_registers, a_value, b(regs),
-                             bool(scale_d(regs)))
+            regs["wgmma"] = (
+                nxt,
+                n,
+                d_regs,
+                [regs.get(r, 0) for r in d_regs],
+                from_registers,
+                a_value,
+                b(regs),
+                bool(scale_d(regs)),
+            )
             return _WGMMA
+
         return offer
 
     def _bar_arrive(self, thread: int, barrier: int, count: int | None):
@@ -808,8 +899,12 @@ class _Grid:
         if re.fullmatch(r"cp\.async\.(commit_group|wait_group|wait_all)", op):
             return lambda regs: nxt
         if op == "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes":
-            dst, src, size, bar = self._address(ops[0]), self._address(ops[1]), self._operand(ops[2]), \
-                self._address(ops[3])
+            dst, src, size, bar = (
+                self._address(ops[0]),
+                self._address(ops[1]),
+                self._operand(ops[2]),
+                self._address(ops[3]),
+            )
 
             def bulk_copy(regs):  # done at once; its bytes complete the barrier's transaction
                 t, n, to = regs["%tid.x"], size(regs), dst(regs)
@@ -819,11 +914,12 @@ class _Grid:
                 self._touch(t, to, n, True, proxy="async")
                 if to + n > self.shared.size:
                     raise IndexError(f"shared access at {to} ({n} bytes) outside {self.shared.size}")
-                self.shared[to:to + n] = mem[at:at + n]
+                self.shared[to : to + n] = mem[at : at + n]
                 barrier = self._mbarrier(bar(regs))
                 barrier.tx -= n
                 barrier.join(self.clocks[t])
                 return nxt
+
             return bulk_copy
         if not re.fullmatch(r"cp\.async\.c[ag]\.shared(::cta)?\.global(\.L2::\d+B)?", op) or len(ops) not in (3, 4):
             raise NotImplementedError(f"{op} {', '.join(ops)}")
@@ -835,6 +931,7 @@ class _Grid:
             data = [self.load(t, "global", src(regs) + i, 1) for i in range(n)] + [0] * (size - n)
             self.store(t, "shared", dst(regs), size, int.from_bytes(bytes(data), "little"))
             return nxt
+
         return copy
 
     def _decode_shuffle(self, op: str, ops: list):
@@ -852,6 +949,7 @@ class _Grid:
                 raise NotImplementedError(f"{op} {', '.join(ops)}: only the whole warp, unclamped")
             regs["shuffle"] = (mode, value(regs), lane_arg(regs) & 31, dst.strip(), predicate.strip())
             return _SHUFFLE
+
         return offer
 
     # execution -----------------------------------------------------------------
@@ -940,8 +1038,9 @@ class _Grid:
         for t, (pc, stop) in enumerate(zip(self.pcs, self.stops)):
             if stop != _EXIT:
                 places.setdefault((stop, self.k.statements[pc]), []).append(t)
-        return "; ".join(f"threads {ts[0]}..{ts[-1]} ({len(ts)}) at {stop}: {statement}"
-                         for (stop, statement), ts in places.items())
+        return "; ".join(
+            f"threads {ts[0]}..{ts[-1]} ({len(ts)}) at {stop}: {statement}" for (stop, statement), ts in places.items()
+        )
 
     def run_block(self, block: int):
         self.shared = np.full(self.shared_bytes, 0xFF, dtype=np.uint8)  # (not zeros: nothing relies on them)
@@ -950,9 +1049,20 @@ class _Grid:
         self.words, self.in_flight, self.unfenced = {}, {}, [set() for _ in range(n)]
         self.mbarriers, self.named, self.shared_accesses = {}, {}, {}
         self.wgmma_groups = [[[]] for _ in range(n)]  # committed groups, then the open one
-        specials = {"%ntid.x": n, "%ntid.y": 1, "%ntid.z": 1, "%tid.y": 0, "%tid.z": 0,
-                    "%ctaid.x": block, "%ctaid.y": 0, "%ctaid.z": 0, "%nctaid.x": self.blocks, "%nctaid.y": 1,
-                    "%nctaid.z": 1, "%dynamic_smem_size": self.dynamic_shared}
+        specials = {
+            "%ntid.x": n,
+            "%ntid.y": 1,
+            "%ntid.z": 1,
+            "%tid.y": 0,
+            "%tid.z": 0,
+            "%ctaid.x": block,
+            "%ctaid.y": 0,
+            "%ctaid.z": 0,
+            "%nctaid.x": self.blocks,
+            "%nctaid.y": 1,
+            "%nctaid.z": 1,
+            "%dynamic_smem_size": self.dynamic_shared,
+        }
         threads = [dict(specials, **{"%tid.x": t, "%laneid": t % 32, "%warpid": t // 32}) for t in range(n)]
         self.pcs, self.stops = [0] * n, [None] * n
         pcs, stops, steps = self.pcs, self.stops, self.steps
@@ -984,8 +1094,8 @@ class _Grid:
                     if len({pcs[t] for t in warp}) > 1:
                         raise NotImplementedError(f"warp {w // 32}'s lanes at different shuffles or __syncwarps")
                     if stops[w] == _SHUFFLE:
-                        self._exchange(threads[w:w + 32])
-                    joined = self.clocks[w:w + 32].max(axis=0)
+                        self._exchange(threads[w : w + 32])
+                    joined = self.clocks[w : w + 32].max(axis=0)
                     for t in warp:
                         np.maximum(self.clocks[t], joined, out=self.clocks[t])
                         self.clocks[t][t] += 1
@@ -996,7 +1106,7 @@ class _Grid:
                 if all(stops[t] == _WGMMA for t in group):
                     if len({pcs[t] for t in group}) > 1:
                         raise NotImplementedError(f"warpgroup {w // 128}'s threads at different wgmmas")
-                    self._wgmma(threads[w:w + 128], list(group))
+                    self._wgmma(threads[w : w + 128], list(group))
                     for t in group:
                         pcs[t], stops[t] = pcs[t] + 1, None
                     moved = True

@@ -10,5 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def script(name: str, *args: str) -> subprocess.CompletedProcess:
     """scripts/``name`` run with ``args``, the checkout on PYTHONPATH; its output captured."""
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )

@@ -54,18 +54,20 @@ def staged_tiles(tiles, precision, d_pad, rows, rowwise=(), parts_as_rows=False)
             else:
                 at = (i * parts + p) * rows * d_pad + (transposed_at if transposed else row_at)
             for t in range(n_tiles):
-                out[:, :, t][..., at] = part[:, :, t * rows:(t + 1) * rows]
+                out[:, :, t][..., at] = part[:, :, t * rows : (t + 1) * rows]
     for i, x in enumerate(rowwise):
         padded = np.zeros((B, H, n_tiles * rows), np.float32)
         padded[:, :, :S] = x
         start = len(tiles) * parts * rows * d_pad + i * rows
-        out[..., start:start + rows] = padded.reshape(B, H, n_tiles, rows)
+        out[..., start : start + rows] = padded.reshape(B, H, n_tiles, rows)
     return out.reshape(-1)
 
 
 def staged_operands(operands, a, b):
     """The (array, transposed) pairs a staged tile of ``operands`` (plan.StagingConfig)
     holds, in order, from its two operands ``a`` and ``b`` (K and V, or Q and dO)."""
-    return {"forward keys": [(a, False), (b, True)],
-            "dq keys": [(a, False), (b, False), (a, True)],
-            "dkdv queries": [(a, False), (b, False), (a, True), (b, True)]}[operands]
+    return {
+        "forward keys": [(a, False), (b, True)],
+        "dq keys": [(a, False), (b, False), (a, True)],
+        "dkdv queries": [(a, False), (b, False), (a, True), (b, True)],
+    }[operands]

@@ -2,7 +2,6 @@
 files written here (the timing and the trees' results need a device)."""
 
 import numpy as np
-
 from _script_runs import script
 
 
@@ -25,16 +24,25 @@ def test_one_ulp_and_the_sign_of_zero_differ(tmp_path):
     negative_zero[1] = -0.0
     res = _compare(tmp_path, {"a": x, "b": x, "c": x}, {"a": ulp, "b": negative_zero, "c": x})
     assert res.returncode == 1
-    assert res.stdout.splitlines() == [f"DIFF a: max |before - after| {np.spacing(np.float32(1.0)):.3e}",
-                                       "DIFF b: max |before - after| 0.000e+00", "bitwise: 1 same, 2 differ"]
+    assert res.stdout.splitlines() == [
+        f"DIFF a: max |before - after| {np.spacing(np.float32(1.0)):.3e}",
+        "DIFF b: max |before - after| 0.000e+00",
+        "bitwise: 1 same, 2 differ",
+    ]
 
 
 def test_shape_dtype_or_a_missing_array_differ(tmp_path):
     x = np.zeros((2, 3), dtype=np.float32)
-    res = _compare(tmp_path, {"shape": x, "dtype": x, "gone": x}, {"shape": x.reshape(3, 2), "dtype": x.astype(np.float64)})
+    res = _compare(
+        tmp_path, {"shape": x, "dtype": x, "gone": x}, {"shape": x.reshape(3, 2), "dtype": x.astype(np.float64)}
+    )
     assert res.returncode == 1
-    assert [line.split(":")[0] for line in res.stdout.splitlines()] == ["DIFF dtype", "DIFF gone", "DIFF shape",
-                                                                       "bitwise"]
+    assert [line.split(":")[0] for line in res.stdout.splitlines()] == [
+        "DIFF dtype",
+        "DIFF gone",
+        "DIFF shape",
+        "bitwise",
+    ]
     assert all(line.endswith("nan") for line in res.stdout.splitlines()[:3])
 
 

@@ -16,7 +16,9 @@ def test_grids_past_the_limit_are_refused_before_compiling(monkeypatch):
 
 
 def test_a_policy_that_is_not_one_is_refused_before_anything_else():
-    for call in (lambda **kw: api.attention(None, None, None, **kw),
-                 lambda **kw: api.attention_backward(None, None, None, None, None, None, **kw)):
+    for call in (
+        lambda **kw: api.attention(None, None, None, **kw),
+        lambda **kw: api.attention_backward(None, None, None, None, None, None, **kw),
+    ):
         with pytest.raises(TypeError, match=r"^policy: expected a cupyattn.plan.Policy or None, got dict$"):
             call(policy={"families": {"mma"}})

@@ -14,16 +14,23 @@ from hypothesis import strategies as st
 
 import cupyattn
 from cupyattn import testing
-from cupyattn.reference import (attention_backward_reference, cancellation_unit, delta_cancellation_error,
-                                logit_bound, operand_precision)
+from cupyattn.reference import (
+    attention_backward_reference,
+    cancellation_unit,
+    delta_cancellation_error,
+    logit_bound,
+    operand_precision,
+)
 
 pytestmark = pytest.mark.gpu
 
 
 def _inputs(B, Sq, Sk, Hq, Hkv, D, Dv, dtype, layout, strided, seed):
     rng = np.random.default_rng(seed)
-    host = [testing.host_values(shape, dtype, rng) for shape in
-            ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, Dv), (B, Sq, Hq, Dv))]
+    host = [
+        testing.host_values(shape, dtype, rng)
+        for shape in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, Dv), (B, Sq, Hq, Dv))
+    ]
     dev = [device_array(x, dtype, strided, rng) for x in host]
     if layout == "bhsd":
         dev = [x.transpose(0, 2, 1, 3) for x in dev]
@@ -36,30 +43,76 @@ def _poisoned_like(x, dtype):
     return g
 
 
-def run_backward_and_check(*, B, Sq, Sk, Hq, Hkv, D, Dv, dtype, causal, scale=None, layout="bshd",
-                           strided=False, smem_limit=None, seed=0, precision=None, deterministic=True,
-                           policy=None):
+def run_backward_and_check(
+    *,
+    B,
+    Sq,
+    Sk,
+    Hq,
+    Hkv,
+    D,
+    Dv,
+    dtype,
+    causal,
+    scale=None,
+    layout="bshd",
+    strided=False,
+    smem_limit=None,
+    seed=0,
+    precision=None,
+    deterministic=True,
+    policy=None,
+):
     (hq, hk, hv, hdo), (q, k, v, dout) = _inputs(B, Sq, Sk, Hq, Hkv, D, Dv, dtype, layout, strided, seed)
-    out, lse = cupyattn.attention(q, k, v, causal=causal, scale=scale, layout=layout,
-                                  return_lse=True, smem_limit=smem_limit, precision=precision, policy=policy)
+    out, lse = cupyattn.attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        scale=scale,
+        layout=layout,
+        return_lse=True,
+        smem_limit=smem_limit,
+        precision=precision,
+        policy=policy,
+    )
     grads = [_poisoned_like(x, dtype) for x in (q, k, v)]
-    got = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
-                                      layout=layout, dq=grads[0], dk=grads[1], dv=grads[2],
-                                      smem_limit=smem_limit, precision=precision, deterministic=deterministic,
-                                      policy=policy)
+    got = cupyattn.attention_backward(
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        causal=causal,
+        scale=scale,
+        layout=layout,
+        dq=grads[0],
+        dk=grads[1],
+        dv=grads[2],
+        smem_limit=smem_limit,
+        precision=precision,
+        deterministic=deterministic,
+        policy=policy,
+    )
     assert all(a is b for a, b in zip(got, grads))
     ref = attention_backward_reference(hdo, hq, hk, hv, causal=causal, scale=scale)
     operands, out_precision = operand_precision(dtype, precision)
-    ref_p = attention_backward_reference(hdo, hq, hk, hv, causal=causal, scale=scale, precision=operands,
-                                         out_precision=out_precision)
+    ref_p = attention_backward_reference(
+        hdo, hq, hk, hv, causal=causal, scale=scale, precision=operands, out_precision=out_precision
+    )
     # Longest float32 sum behind any gradient element: over queries (dK, dV), keys (dQ), or
     # the head dims of dP = dO V^T and delta = rowsum(dO O), whose difference cancels
     # exactly where a row's probability sits on one key; the rounding noise left there
     # reaches dQ and dK at its own size, not theirs (delta_cancellation_error).
     reduction = max(Sq * (Hq // Hkv), Sk, D, Dv)
     bound = logit_bound(hq, hk, scale)
-    cancellation = (*delta_cancellation_error(hdo, hq, hk, hv, causal=causal, scale=scale,
-                                              unit=cancellation_unit(dtype, precision)), 0.0)
+    cancellation = (
+        *delta_cancellation_error(
+            hdo, hq, hk, hv, causal=causal, scale=scale, unit=cancellation_unit(dtype, precision)
+        ),
+        0.0,
+    )
     for name, g, r, rp, extra in zip(("dq", "dk", "dv"), got, ref, ref_p, cancellation):
         g = testing.to_host(g)
         if layout == "bhsd":
@@ -109,7 +162,8 @@ def test_deterministic_backward_is_bitwise_reproducible(D):
     (_, _, _, _), (q, k, v, dout) = _inputs(32, 96, 96, 4, 2, D, D, "float16", "bshd", False, 11)
     out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)
     _same_bits_call_after_call(
-        lambda: cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True), 50, np.uint16)
+        lambda: cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True), 50, np.uint16
+    )
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
@@ -123,15 +177,22 @@ def test_float32_backward_on_tensor_cores_is_bitwise_reproducible(precision):
 
     spec = current_device()
     if spec.compute_capability == (9, 0):
-        bplan = P.plan_backward(P.AttentionProblem("float32", 256, 256, True, 1, 4, 2, 1000, 1000,
-                                                   precision=(precision,)), spec, NO_MMA_BACKWARD)
+        bplan = P.plan_backward(
+            P.AttentionProblem("float32", 256, 256, True, 1, 4, 2, 1000, 1000, precision=(precision,)),
+            spec,
+            NO_MMA_BACKWARD,
+        )
         assert isinstance(bplan.dkdv.config, P.BwdDkdvWgmmaConfig)
         assert isinstance(bplan.dq.config, P.BwdDqWgmmaConfig)
     (_, _, _, _), (q, k, v, dout) = _inputs(1, 1000, 1000, 4, 2, 256, 256, "float32", "bshd", False, 12)
     out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True, precision=precision)
     _same_bits_call_after_call(
-        lambda: cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True, precision=precision,
-                                            policy=NO_MMA_BACKWARD), 20, np.uint32)
+        lambda: cupyattn.attention_backward(
+            dout, q, k, v, out, lse, causal=True, precision=precision, policy=NO_MMA_BACKWARD
+        ),
+        20,
+        np.uint32,
+    )
 
 
 @pytest.mark.parametrize("D", [128, 256])
@@ -146,18 +207,22 @@ def test_float32_causal_forward_and_backward_within_the_rtx6000ada_limit(D):
     rng = np.random.default_rng(D)
     b = 1  # one batch element against the full reference (all rows feed dk, dv)
     rows = np.sort(rng.choice(S, 256, replace=False))
-    ref_out, _ = attention_reference(hq[b:b + 1], hk[b:b + 1], hv[b:b + 1], causal=True, rows=rows)
-    ref_out_p, _ = attention_reference(hq[b:b + 1], hk[b:b + 1], hv[b:b + 1], causal=True, rows=rows,
-                                       precision="float32")
+    ref_out, _ = attention_reference(hq[b : b + 1], hk[b : b + 1], hv[b : b + 1], causal=True, rows=rows)
+    ref_out_p, _ = attention_reference(
+        hq[b : b + 1], hk[b : b + 1], hv[b : b + 1], causal=True, rows=rows, precision="float32"
+    )
     bound = logit_bound(hq[b], hk[b])
-    assert testing.compare(testing.to_host(out)[b:b + 1][:, rows], ref_out, ref_out_p, "float32", S,
-                           logit_bound=bound).ok
-    ref = attention_backward_reference(hdo[b:b + 1], hq[b:b + 1], hk[b:b + 1], hv[b:b + 1], causal=True)
-    ref_p = attention_backward_reference(hdo[b:b + 1], hq[b:b + 1], hk[b:b + 1], hv[b:b + 1],
-                                         causal=True, precision="float32")
+    assert testing.compare(
+        testing.to_host(out)[b : b + 1][:, rows], ref_out, ref_out_p, "float32", S, logit_bound=bound
+    ).ok
+    ref = attention_backward_reference(hdo[b : b + 1], hq[b : b + 1], hk[b : b + 1], hv[b : b + 1], causal=True)
+    ref_p = attention_backward_reference(
+        hdo[b : b + 1], hq[b : b + 1], hk[b : b + 1], hv[b : b + 1], causal=True, precision="float32"
+    )
     for name, g, r, rp in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, ref_p):
-        cmp = testing.compare(testing.to_host(g)[b:b + 1][:, rows], r[:, rows], rp[:, rows], "float32", S,
-                              factor=3.0, logit_bound=bound)
+        cmp = testing.compare(
+            testing.to_host(g)[b : b + 1][:, rows], r[:, rows], rp[:, rows], "float32", S, factor=3.0, logit_bound=bound
+        )
         assert cmp.ok, f"{name}: {cmp}"
 
 
@@ -176,8 +241,11 @@ def _bad_backward_inputs():
         (dict(base, out=f16(2, 15, 4, 64)), ValueError, "out: expected shape (2, 16, 4, 64)"),
         (dict(base, lse=lse[:, :, :8]), ValueError, "lse: expected shape (2, 4, 16)"),
         (dict(base, lse=lse.astype(cupy.float16)), TypeError, "lse: expected dtype float32"),
-        (dict(base, lse=cupy.zeros((2, 16, 4), cupy.float32).transpose(0, 2, 1)), ValueError,
-         "lse: expected a C-contiguous array"),
+        (
+            dict(base, lse=cupy.zeros((2, 16, 4), cupy.float32).transpose(0, 2, 1)),
+            ValueError,
+            "lse: expected a C-contiguous array",
+        ),
         (dict(base, k=f16(2, 16, 3, 64), v=f16(2, 16, 3, 64)), ValueError, "divides the 4 heads of q"),
         (dict(base, q=q.astype(cupy.float64)), TypeError, "q: expected dtype float16, bfloat16 or float32"),
         (dict(base, causal="sideways"), ValueError, "causal: expected False, True"),

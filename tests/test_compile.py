@@ -12,8 +12,18 @@ import pytest
 
 from cupyattn import compile as cc
 from cupyattn.device import named_device
-from cupyattn.plan import (PRECISIONS, AttentionProblem, FwdSimtConfig, FwdWgmmaConfig, MmaConfig, WgmmaConfig,
-                           check_expression, plan_backward, plan_forward, planned_configs)
+from cupyattn.plan import (
+    PRECISIONS,
+    AttentionProblem,
+    FwdSimtConfig,
+    FwdWgmmaConfig,
+    MmaConfig,
+    WgmmaConfig,
+    check_expression,
+    plan_backward,
+    plan_forward,
+    planned_configs,
+)
 
 
 def _nvrtc_reason():
@@ -30,8 +40,16 @@ def _nvrtc_reason():
 pytestmark = pytest.mark.skipif(_nvrtc_reason() is not None, reason=str(_nvrtc_reason()))
 
 # Every architecture the named GPUs cover, with the GPU whose limits it is planned for.
-ARCH_DEVICES = {"sm_70": "v100", "sm_75": "t4", "sm_80": "a100", "sm_86": "rtx3090",
-                "sm_89": "rtx6000ada", "sm_90": "h100", "sm_100": "b200", "sm_120": "rtx5090"}
+ARCH_DEVICES = {
+    "sm_70": "v100",
+    "sm_75": "t4",
+    "sm_80": "a100",
+    "sm_86": "rtx3090",
+    "sm_89": "rtx6000ada",
+    "sm_90": "h100",
+    "sm_100": "b200",
+    "sm_120": "rtx5090",
+}
 HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
 FP32_WIDE_DIMS = tuple(range(144, 257, 16))  # 3xTF32 near 255 registers: every 16
 # Planned tiles allowed to spill (NVRTC 13.5): {(arch, name expression): (most bytes, why)}.
@@ -40,10 +58,14 @@ FP32_WIDE_DIMS = tuple(range(144, 257, 16))  # 3xTF32 near 255 registers: every 
 # next spill-free tile was slower (B=4, H=16, S=4096, not causal, whole-call ms).
 SPILL_ALLOWANCE: dict = {
     ("sm_90", "cupyattn::attn_fwd_mma<float, cupyattn::MmaTf32<3>, 176, 64, 32, 4, false>"): (
-        288, "24.6 ms with its spill; the next spill-free tile, (16, 16, 1), 51.1 ms "
-             "((128, 32, 8), spilling as much, 17.2 ms)"),
+        288,
+        "24.6 ms with its spill; the next spill-free tile, (16, 16, 1), 51.1 ms "
+        "((128, 32, 8), spilling as much, 17.2 ms)",
+    ),
     ("sm_90", "cupyattn::attn_fwd_mma<float, cupyattn::MmaTf32<3>, 192, 16, 16, 1, false>"): (
-        220, "58.3 ms with its spill; the spill-free FFMA kernel 63.0 ms"),
+        220,
+        "58.3 ms with its spill; the spill-free FFMA kernel 63.0 ms",
+    ),
 }
 
 
@@ -54,16 +76,22 @@ def _allowed_spills(arch, config) -> int:
 def _planned(arch):
     # Both causal settings: the kernels are separate instances, and ptxas has spilled in
     # the non-causal one of a tile whose causal one fits (attn_bwd_dq_mma says more).
-    configs = planned_configs(named_device(ARCH_DEVICES[arch]), HEAD_DIMS, ("float16", "bfloat16", "float32"),
-                              causals=(False, True), precisions=PRECISIONS)
+    configs = planned_configs(
+        named_device(ARCH_DEVICES[arch]),
+        HEAD_DIMS,
+        ("float16", "bfloat16", "float32"),
+        causals=(False, True),
+        precisions=PRECISIONS,
+    )
     return [(arch, cfg) for _, cfg in sorted(configs.items())]
 
 
 MATRIX = [case for arch in ARCH_DEVICES for case in _planned(arch)]
 
 
-@pytest.mark.parametrize("arch,config", MATRIX,
-                         ids=[f"{a}-{c.name_expression.replace('cupyattn::', '')}" for a, c in MATRIX])
+@pytest.mark.parametrize(
+    "arch,config", MATRIX, ids=[f"{a}-{c.name_expression.replace('cupyattn::', '')}" for a, c in MATRIX]
+)
 def test_planned_kernels_compile_for_every_architecture_without_spills(arch, config):
     """Forward and backward, head dims 32..256, each dtype (float32 in each precision mode),
     as planned for each GPU."""
@@ -79,10 +107,21 @@ def test_planned_kernels_compile_for_every_architecture_without_spills(arch, con
 # The wgmma kernels (sm_90, float32 "fp32" / "tf32") as planned at every padded head dim
 # and at lengths whose blocks stream fewer rows than S = 4096's (so smaller tiles: the
 # planner takes wgmma from 256 streamed rows at head dims from 128), causal and not.
-WGMMA_PLANNED = sorted((cfg for cfg in planned_configs(named_device("h200"), range(16, 257, 16), ("float32",),
-                                                       causals=(False, True), precisions=("fp32", "tf32"),
-                                                       seqlens=(512, 1024, 4096)).values()
-                        if isinstance(cfg, WgmmaConfig)), key=lambda c: c.name_expression)
+WGMMA_PLANNED = sorted(
+    (
+        cfg
+        for cfg in planned_configs(
+            named_device("h200"),
+            range(16, 257, 16),
+            ("float32",),
+            causals=(False, True),
+            precisions=("fp32", "tf32"),
+            seqlens=(512, 1024, 4096),
+        ).values()
+        if isinstance(cfg, WgmmaConfig)
+    ),
+    key=lambda c: c.name_expression,
+)
 
 
 @pytest.mark.parametrize("config", WGMMA_PLANNED, ids=[c.name_expression for c in WGMMA_PLANNED])
@@ -91,31 +130,44 @@ def test_planned_wgmma_kernels_at_every_head_dim_and_length_compile_without_spil
     assert report.spills == 0 and report.stack_bytes == 0, (config.name_expression, report.registers, report.spills)
 
 
-FP32_WIDE_MATRIX = sorted({(arch, cfg) for arch, device in (("sm_80", "a100"), ("sm_90", "h100"),
-                                                            ("sm_100", "b200"), ("sm_120", "rtx5090"))
-                           for cfg in planned_configs(named_device(device), FP32_WIDE_DIMS, ("float32",),
-                                                      causals=(False, True), precisions=("fp32",)).values()
-                           if isinstance(cfg, MmaConfig)}, key=lambda x: (x[0], x[1].name_expression))
+FP32_WIDE_MATRIX = sorted(
+    {
+        (arch, cfg)
+        for arch, device in (("sm_80", "a100"), ("sm_90", "h100"), ("sm_100", "b200"), ("sm_120", "rtx5090"))
+        for cfg in planned_configs(
+            named_device(device), FP32_WIDE_DIMS, ("float32",), causals=(False, True), precisions=("fp32",)
+        ).values()
+        if isinstance(cfg, MmaConfig)
+    },
+    key=lambda x: (x[0], x[1].name_expression),
+)
 
 
-@pytest.mark.parametrize("arch,config", FP32_WIDE_MATRIX,
-                         ids=[f"{a}-{c.name_expression}" for a, c in FP32_WIDE_MATRIX])
+@pytest.mark.parametrize("arch,config", FP32_WIDE_MATRIX, ids=[f"{a}-{c.name_expression}" for a, c in FP32_WIDE_MATRIX])
 def test_planned_3xtf32_kernels_at_wide_head_dims_compile_without_spills(arch, config):
     """3xTF32 at head dims 144-256 sits at the 255-register edge, where ptxas's spills
     follow no accumulator count (plan.MmaConfig.FP32_MAX_HEAD_DIM)."""
     report = cc.compile_only(config, arch)
-    assert report.spills <= _allowed_spills(arch, config), (config.name_expression, arch, report.registers, report.spills)
+    assert report.spills <= _allowed_spills(arch, config), (
+        config.name_expression,
+        arch,
+        report.registers,
+        report.spills,
+    )
 
 
 def test_layout_check_rejects_a_planner_kernel_mismatch(monkeypatch):
     cfg = FwdSimtConfig("float32", 64, 64, 32, 32, 4, False)
     good = cfg.layout
     # A planner that forgot the k_tile row padding: the kernel must refuse to compile.
-    broken = dataclasses.replace(good, buffers=(
-        good.buffers[0],
-        dataclasses.replace(good.buffers[1], shape=(32, 64)),
-        dataclasses.replace(good.buffers[2], offset=good.buffers[2].offset - 32 * 4),
-    ))
+    broken = dataclasses.replace(
+        good,
+        buffers=(
+            good.buffers[0],
+            dataclasses.replace(good.buffers[1], shape=(32, 64)),
+            dataclasses.replace(good.buffers[2], offset=good.buffers[2].offset - 32 * 4),
+        ),
+    )
     monkeypatch.setattr(FwdSimtConfig, "layout", property(lambda self: broken))
     assert "check_layout" in check_expression(cfg)
     with pytest.raises(cc.CompileError, match="disagree on shared-memory buffer offsets"):
@@ -129,15 +181,27 @@ def _listed_tiles(family):
     from cupyattn import plan as P
 
     if family == "wgmma":
-        classes = ((P.FwdWgmmaConfig, P.FWD_WGMMA_TILES), (P.BwdDkdvWgmmaConfig, P.BWD_DKDV_WGMMA_TILES),
-                   (P.BwdFusedWgmmaConfig, P.BWD_FUSED_WGMMA_TILES), (P.BwdDqWgmmaConfig, P.BWD_DQ_WGMMA_TILES))
+        classes = (
+            (P.FwdWgmmaConfig, P.FWD_WGMMA_TILES),
+            (P.BwdDkdvWgmmaConfig, P.BWD_DKDV_WGMMA_TILES),
+            (P.BwdFusedWgmmaConfig, P.BWD_FUSED_WGMMA_TILES),
+            (P.BwdDqWgmmaConfig, P.BWD_DQ_WGMMA_TILES),
+        )
         modes = (("float32", "fp32"), ("float32", "tf32"))
     else:
-        classes = ((P.FwdMmaConfig, P.FWD_MMA_TILES), (P.BwdDkdvMmaConfig, P.BWD_DKDV_MMA_TILES),
-                   (P.BwdDqMmaConfig, P.BWD_DQ_MMA_TILES))
+        classes = (
+            (P.FwdMmaConfig, P.FWD_MMA_TILES),
+            (P.BwdDkdvMmaConfig, P.BWD_DKDV_MMA_TILES),
+            (P.BwdDqMmaConfig, P.BWD_DQ_MMA_TILES),
+        )
         modes = (("float16", "fp16"), ("bfloat16", "bf16")) + tuple(("float32", m) for m in P.PRECISIONS)
-    configs = {cls(dtype, precision, cls.head_dim_pad_for(d, *tile), *tile, False)
-               for cls, tiles in classes for dtype, precision in modes for d in range(16, 257, 16) for tile in tiles}
+    configs = {
+        cls(dtype, precision, cls.head_dim_pad_for(d, *tile), *tile, False)
+        for cls, tiles in classes
+        for dtype, precision in modes
+        for d in range(16, 257, 16)
+        for tile in tiles
+    }
     return sorted((c for c in configs if c.valid), key=lambda c: c.name_expression)
 
 
@@ -193,10 +257,11 @@ def test_kernel_source_carries_the_hash_of_every_kernel_file():
 def test_installed_package_finds_its_kernels(tmp_path):
     """A non-editable install must ship kernels/ inside the package."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    probe = ("import cupyattn, cupyattn.compile as c, pathlib; "
-             "print(pathlib.Path(cupyattn.__file__).parent); print(c.kernels_dir())")
-    res = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env,
-                         capture_output=True, text=True)
+    probe = (
+        "import cupyattn, cupyattn.compile as c, pathlib; "
+        "print(pathlib.Path(cupyattn.__file__).parent); print(c.kernels_dir())"
+    )
+    res = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
     if res.returncode != 0:
         pytest.skip("cupyattn is not installed in this environment (running from a checkout)")
     pkg, kernels = (Path(line) for line in res.stdout.split())
@@ -210,7 +275,7 @@ def test_installed_package_finds_its_kernels(tmp_path):
 @pytest.mark.parametrize("d", [16, 32, 48, 64])
 @pytest.mark.parametrize("tile", [(64, 64, 4), (128, 64, 8)])
 def test_dq_wgmma_keeps_both_score_products(d, tile):
-    """"fp32" dQ with 64-key tiles computes S and dP one after the other; with nothing
+    """ "fp32" dQ with 64-key tiles computes S and dP one after the other; with nothing
     between them ptxas (NVRTC 13.5) compiled the two as one at head dims up to 48 (dP's 3
     wgmmas a k-step gone, S used as dP). Every wgmma of the PTX is in the SASS: 3 per k-step of each score product,
     3 per key block of each dQ chunk, none empty."""
@@ -248,14 +313,16 @@ def test_backward_producer_warpgroups_hand_their_registers_to_the_consumers(prec
         text = cc.sass(report)
         assert report.registers == 168 and report.spills == 0, config.name_expression
         assert "USETMAXREG.DEALLOC" in text and "USETMAXREG.TRY_ALLOC" in text
-        after_split = text[text.index("USETMAXREG"):]
+        after_split = text[text.index("USETMAXREG") :]
         assert re.findall(r"BAR\.SYNC\S* 0x6, 0x100", after_split), config.name_expression
         assert not re.findall(r"BAR\.SYNC\S* 0x0\s*;", after_split), config.name_expression
 
 
 @pytest.mark.parametrize("arch,device", [("sm_80", "a100"), ("sm_90", "h100")])
-@pytest.mark.parametrize("dtype,precision", [("float16", None), ("bfloat16", None), ("float32", "fp32"),
-                                             ("float32", "tf32"), ("float32", "bf16")])
+@pytest.mark.parametrize(
+    "dtype,precision",
+    [("float16", None), ("bfloat16", None), ("float32", "fp32"), ("float32", "tf32"), ("float32", "bf16")],
+)
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("kernel", ["forward", "dkdv", "dq"])
 def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, precision, d, kernel):
@@ -294,12 +361,12 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
         # ring and barrier arithmetic runs on the uniform datapath too (up to 26 ops at 48
         # wgmmas, dK/dV "tf32" D=128).
         wgmmas = [i for i, line in enumerate(lines) if "HGMMA" in line]
-        uniform_bit_ops = sum("USHF" in line or "ULOP3" in line for line in lines[wgmmas[0]:wgmmas[-1]])
+        uniform_bit_ops = sum("USHF" in line or "ULOP3" in line for line in lines[wgmmas[0] : wgmmas[-1]])
         assert uniform_bit_ops < len(wgmmas), (uniform_bit_ops, len(wgmmas))
         # No integer division (a MUFU.RCP sequence) among the wgmmas: dK/dV finds each
         # item's staged query tile with a running cursor, not item / m_tiles at every
         # fetch (in the fetching warp, which the block's next wgmma waits for).
-        assert not any("MUFU.RCP" in line for line in lines[wgmmas[0]:wgmmas[-1]])
+        assert not any("MUFU.RCP" in line for line in lines[wgmmas[0] : wgmmas[-1]])
         # 3xTF32's kept float32 words (fp32 from head dim 128) split in two instructions a
         # word (mma.cuh, rounding_biased / set_from_biased): the mask-and-or LOP3 (0x1000)
         # for each of the 4 words of every k-step of a score product, with the mask in a
@@ -317,7 +384,7 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
         # last exp2.
         if kernel != "forward":
             exps = [i for i, line in enumerate(lines) if "MUFU.EX2" in line]
-            assert not any("BSSY" in line for line in lines[exps[0]:exps[-1]]), "a branch among the exp2s"
+            assert not any("BSSY" in line for line in lines[exps[0] : exps[-1]]), "a branch among the exp2s"
         staging = cc.sass(cc.compile_only(cfg.staging, arch))
         assert "LDL" not in staging and "STL" not in staging
         return
@@ -331,11 +398,24 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
     assert "LDL" not in text and "STL" not in text  # nothing spilled to local memory
 
 
-FUSED_PLANNED = sorted({plan.config for precision in ("fp32", "tf32") for d in (64, 128) for causal in (False, True)
-                        for plan in [plan_backward(AttentionProblem("float32", d, d, causal, 4, 16, 16, 4096, 4096,
-                                                                    precision=(precision,), deterministic=False),
-                                                   named_device("h100")).dkdv]
-                        if plan.config.KERNEL == "cupyattn::attn_bwd_fused_wgmma"}, key=lambda c: c.name_expression)
+FUSED_PLANNED = sorted(
+    {
+        plan.config
+        for precision in ("fp32", "tf32")
+        for d in (64, 128)
+        for causal in (False, True)
+        for plan in [
+            plan_backward(
+                AttentionProblem(
+                    "float32", d, d, causal, 4, 16, 16, 4096, 4096, precision=(precision,), deterministic=False
+                ),
+                named_device("h100"),
+            ).dkdv
+        ]
+        if plan.config.KERNEL == "cupyattn::attn_bwd_fused_wgmma"
+    },
+    key=lambda c: c.name_expression,
+)
 
 
 @pytest.mark.parametrize("config", FUSED_PLANNED, ids=[c.name_expression for c in FUSED_PLANNED])
@@ -427,8 +507,12 @@ def test_wgmma_descriptor_of_a_base_plus_offset_is_that_of_the_whole_address():
     prog = nvrtc.create_program(WGMMA_DESC_CHECK, "wgmma_desc_check.cu")
     try:
         try:
-            nvrtc.compile_program(prog, list(cc.NVRTC_OPTIONS) + ["-arch=sm_90a", f"-I{cc.kernels_dir()}"]
-                                  + [f"-I{d}" for d in nvrtc.include_dirs])
+            nvrtc.compile_program(
+                prog,
+                list(cc.NVRTC_OPTIONS)
+                + ["-arch=sm_90a", f"-I{cc.kernels_dir()}"]
+                + [f"-I{d}" for d in nvrtc.include_dirs],
+            )
         except cc.CompileError as exc:
             pytest.fail(f"{exc}\n{nvrtc.program_log(prog)}")
     finally:

@@ -11,7 +11,6 @@ kernels on the GPU."""
 
 import numpy as np
 import pytest
-
 from _ptx_emulator import PtxKernel
 from test_compile import _nvrtc_reason
 
@@ -22,6 +21,7 @@ LOG2E = 1.4426950408889634
 
 def _run(config, blocks, args, shared_bytes=0, wavefronts=None):
     from _probes import compile_probe
+
     from cupyattn.compile import kernel_source, target_arch
 
     _, ptx, entry = compile_probe(kernel_source(config), config.name_expression, target_arch(config, "sm_90"))
@@ -39,9 +39,23 @@ def _stage(staging, a, b, out=None, lse=None, delta=None):
     staged = np.full(staging.workspace_bytes(B, H, S) // 4, np.nan, dtype=np.float32)
     tiles = staging.tiles(S)
     rowwise = [out, lse, delta] if staging.queries else []
-    _run(staging, tiles * B * H, [a, b, *rowwise, staged, *_strides(a), *_strides(b),
-                                  *(_strides(out) if staging.queries else ()), np.int32(H), np.int32(S),
-                                  np.int32(D), np.int32(tiles)])
+    _run(
+        staging,
+        tiles * B * H,
+        [
+            a,
+            b,
+            *rowwise,
+            staged,
+            *_strides(a),
+            *_strides(b),
+            *(_strides(out) if staging.queries else ()),
+            np.int32(H),
+            np.int32(S),
+            np.int32(D),
+            np.int32(tiles),
+        ],
+    )
     return staged
 
 
@@ -49,8 +63,9 @@ def _problem(B, Sq, Sk, Hq, Hkv, D, causal, seed):
     from cupyattn.reference import attention_reference, causal_offset
 
     rng = np.random.default_rng(seed)
-    q, k, v, dout = (rng.standard_normal((B, s, h, D)).astype(np.float32)
-                     for s, h in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv), (Sq, Hq)))
+    q, k, v, dout = (
+        rng.standard_normal((B, s, h, D)).astype(np.float32) for s, h in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv), (Sq, Hq))
+    )
     out, lse = attention_reference(q, k, v, causal)
     out, lse = (np.ascontiguousarray(x, dtype=np.float32) for x in (out, lse))
     return q, k, v, dout, out, lse, causal_offset(causal, Sq, Sk) or 0
@@ -73,10 +88,33 @@ def _emulated_forward(cfg, q, k, v, offset, wavefronts=None):
     staged = _stage(cfg.staging, k, v)
     out, lse = np.full_like(q, np.nan), np.full((B, Hq, Sq), np.nan, np.float32)
     tiles = -(-Sq // cfg.block_m)
-    _run(cfg, tiles * B * Hq, [q, k, v, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-                               np.int32(Hq), np.int32(Hkv), np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D),
-                               np.int32(tiles), np.float32(LOG2E / np.sqrt(D)), np.int32(offset), staged],
-         cfg.layout.total, wavefronts)
+    _run(
+        cfg,
+        tiles * B * Hq,
+        [
+            q,
+            k,
+            v,
+            out,
+            lse,
+            *_strides(q),
+            *_strides(k),
+            *_strides(v),
+            *_strides(out),
+            np.int32(Hq),
+            np.int32(Hkv),
+            np.int32(Sq),
+            np.int32(Sk),
+            np.int32(D),
+            np.int32(D),
+            np.int32(tiles),
+            np.float32(LOG2E / np.sqrt(D)),
+            np.int32(offset),
+            staged,
+        ],
+        cfg.layout.total,
+        wavefronts,
+    )
     return out, lse
 
 
@@ -88,10 +126,39 @@ def _emulated_dkdv(cfg, q, k, v, dout, out, lse, offset, wavefronts=None):
     dk, dv = np.full_like(k, np.nan), np.full_like(v, np.nan)
     tiles = -(-Sk // cfg.block_n)
     scale = np.float32(1 / np.sqrt(D))
-    _run(cfg, tiles * B * Hkv, [q, k, v, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v),
-                                *_strides(dout), *_strides(dk), *_strides(dv), np.int32(Hq), np.int32(Hkv),
-                                np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D), np.int32(tiles), scale,
-                                np.float32(scale * LOG2E), np.int32(offset), staged], cfg.layout.total, wavefronts)
+    _run(
+        cfg,
+        tiles * B * Hkv,
+        [
+            q,
+            k,
+            v,
+            dout,
+            lse,
+            delta,
+            dk,
+            dv,
+            *_strides(q),
+            *_strides(k),
+            *_strides(v),
+            *_strides(dout),
+            *_strides(dk),
+            *_strides(dv),
+            np.int32(Hq),
+            np.int32(Hkv),
+            np.int32(Sq),
+            np.int32(Sk),
+            np.int32(D),
+            np.int32(D),
+            np.int32(tiles),
+            scale,
+            np.float32(scale * LOG2E),
+            np.int32(offset),
+            staged,
+        ],
+        cfg.layout.total,
+        wavefronts,
+    )
     return dk, dv, delta
 
 
@@ -102,10 +169,37 @@ def _emulated_dq(cfg, q, k, v, dout, lse, delta, offset, wavefronts=None):
     dq = np.full_like(q, np.nan)
     tiles = -(-Sq // cfg.block_m)
     scale = np.float32(1 / np.sqrt(D))
-    _run(cfg, tiles * B * Hq, [q, k, v, dout, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v),
-                               *_strides(dout), *_strides(dq), np.int32(Hq), np.int32(Hkv), np.int32(Sq),
-                               np.int32(Sk), np.int32(D), np.int32(D), np.int32(tiles), scale,
-                               np.float32(scale * LOG2E), np.int32(offset), staged], cfg.layout.total, wavefronts)
+    _run(
+        cfg,
+        tiles * B * Hq,
+        [
+            q,
+            k,
+            v,
+            dout,
+            lse,
+            delta,
+            dq,
+            *_strides(q),
+            *_strides(k),
+            *_strides(v),
+            *_strides(dout),
+            *_strides(dq),
+            np.int32(Hq),
+            np.int32(Hkv),
+            np.int32(Sq),
+            np.int32(Sk),
+            np.int32(D),
+            np.int32(D),
+            np.int32(tiles),
+            scale,
+            np.float32(scale * LOG2E),
+            np.int32(offset),
+            staged,
+        ],
+        cfg.layout.total,
+        wavefronts,
+    )
     return dq
 
 
@@ -176,11 +270,40 @@ def test_fused_backward_runs_whole_on_the_emulator(causal):
     dq, dk, dv = np.zeros_like(q), np.full_like(k, np.nan), np.full_like(v, np.nan)
     tiles = -(-Sk // cfg.block_n)
     scale = np.float32(1 / np.sqrt(D))
-    _run(cfg, tiles * B * Hkv, [q, k, v, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v),
-                                *_strides(dout), *_strides(dk), *_strides(dv), np.int32(Hq), np.int32(Hkv),
-                                np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D), np.int32(tiles), scale,
-                                np.float32(scale * LOG2E), np.int32(offset), staged, dq, *_strides(dq)],
-         cfg.layout.total)
+    _run(
+        cfg,
+        tiles * B * Hkv,
+        [
+            q,
+            k,
+            v,
+            dout,
+            lse,
+            delta,
+            dk,
+            dv,
+            *_strides(q),
+            *_strides(k),
+            *_strides(v),
+            *_strides(dout),
+            *_strides(dk),
+            *_strides(dv),
+            np.int32(Hq),
+            np.int32(Hkv),
+            np.int32(Sq),
+            np.int32(Sk),
+            np.int32(D),
+            np.int32(D),
+            np.int32(tiles),
+            scale,
+            np.float32(scale * LOG2E),
+            np.int32(offset),
+            staged,
+            dq,
+            *_strides(dq),
+        ],
+        cfg.layout.total,
+    )
     _check("tf32", (dq, dk, dv, delta), q, k, v, dout, out, causal)
 
 

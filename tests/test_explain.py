@@ -86,26 +86,38 @@ def test_capability_matrix_rows_text_and_json():
 def test_committed_capabilities_report_is_current():
     committed = (REPO / "docs" / "capabilities.md").read_text()
     assert committed == named_devices_markdown() + "\n", (
-        "docs/capabilities.md is stale: run python scripts/device_caps.py")
+        "docs/capabilities.md is stale: run python scripts/device_caps.py"
+    )
 
 
 def _cli(*args):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "cupyattn", *args], capture_output=True, text=True,
-                          env=env, cwd=REPO)
+    return subprocess.run([sys.executable, "-m", "cupyattn", *args], capture_output=True, text=True, env=env, cwd=REPO)
 
 
 def test_cli_caps_and_explain_on_named_devices():
     res = _cli("caps", "--device", "rtx6000ada", "--dtype", "float32", "--head-dim", "128")
     assert res.returncode == 0, res.stderr
     assert "101376 opt-in" in res.stdout and "attn_fwd_mma<float, cupyattn::MmaTf32<3>, 128" in res.stdout
-    res = _cli("explain", "--head-dim", "128", "--dtype", "float32", "--backward", "--device",
-               "rtx6000ada", "--no-compile")
+    res = _cli(
+        "explain", "--head-dim", "128", "--dtype", "float32", "--backward", "--device", "rtx6000ada", "--no-compile"
+    )
     assert res.returncode == 0, res.stderr
     for name in ("k_tile", "v_tile", "q_tile", "do_tile", "of 101376 bytes opt-in", "precision: fp32: 3xTF32"):
         assert name in res.stdout
-    res = _cli("explain", "--head-dim", "128", "--dtype", "float32", "--precision", "bf16", "--device",
-               "rtx6000ada", "--no-compile", "--json")
+    res = _cli(
+        "explain",
+        "--head-dim",
+        "128",
+        "--dtype",
+        "float32",
+        "--precision",
+        "bf16",
+        "--device",
+        "rtx6000ada",
+        "--no-compile",
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     kernel = json.loads(res.stdout)["kernels"][0]
     assert kernel["precision"] == "bf16" and kernel["buffers"][0]["dtype"] == "bfloat16"
@@ -113,8 +125,20 @@ def test_cli_caps_and_explain_on_named_devices():
     res = _cli("explain", "--device", "gtx480")
     assert res.returncode != 0 and "unknown device name 'gtx480'" in res.stderr
     # deterministic=False on an H100: one fused dK/dV/dQ pass, its K^T and dS tiles shown.
-    res = _cli("explain", "--head-dim", "64", "--dtype", "float32", "--precision", "tf32", "--backward",
-               "--nondeterministic", "--device", "h100", "--no-compile")
+    res = _cli(
+        "explain",
+        "--head-dim",
+        "64",
+        "--dtype",
+        "float32",
+        "--precision",
+        "tf32",
+        "--backward",
+        "--nondeterministic",
+        "--device",
+        "h100",
+        "--no-compile",
+    )
     assert res.returncode == 0, res.stderr
     assert "backward dK/dV/dQ (fused): cupyattn::attn_bwd_fused_wgmma" in res.stdout
     assert "kt_tile" in res.stdout and "ds_tiles" in res.stdout and "backward dQ:" not in res.stdout

@@ -18,8 +18,26 @@ from cupyattn.reference import attention_reference, logit_bound, operand_precisi
 pytestmark = pytest.mark.gpu
 
 
-def run_and_check(*, B, Sq, Sk, Hq, Hkv, D, Dv, dtype, causal, scale=None, layout="bshd",
-                  strided=False, smem_limit=None, seed=0, rows=None, precision=None, policy=None):
+def run_and_check(
+    *,
+    B,
+    Sq,
+    Sk,
+    Hq,
+    Hkv,
+    D,
+    Dv,
+    dtype,
+    causal,
+    scale=None,
+    layout="bshd",
+    strided=False,
+    smem_limit=None,
+    seed=0,
+    rows=None,
+    precision=None,
+    policy=None,
+):
     rng = np.random.default_rng(seed)
     hq = testing.host_values((B, Sq, Hq, D), dtype, rng)
     hk = testing.host_values((B, Sk, Hkv, D), dtype, rng)
@@ -30,16 +48,28 @@ def run_and_check(*, B, Sq, Sk, Hq, Hkv, D, Dv, dtype, causal, scale=None, layou
     out_shape = (B, Hq, Sq, Dv) if layout == "bhsd" else (B, Sq, Hq, Dv)
     out = testing.to_device(np.zeros(out_shape, np.float32), dtype)
     testing.poison(out)
-    got, lse = cupyattn.attention(q, k, v, causal=causal, scale=scale, layout=layout, out=out,
-                                  return_lse=True, smem_limit=smem_limit, precision=precision, policy=policy)
+    got, lse = cupyattn.attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        scale=scale,
+        layout=layout,
+        out=out,
+        return_lse=True,
+        smem_limit=smem_limit,
+        precision=precision,
+        policy=policy,
+    )
     assert got is out
     got = testing.to_host(out)
     if layout == "bhsd":
         got = got.transpose(0, 2, 1, 3)
     ref, ref_lse = attention_reference(hq, hk, hv, causal=causal, scale=scale, rows=rows)
     operands, out_precision = operand_precision(dtype, precision)
-    ref_p, _ = attention_reference(hq, hk, hv, causal=causal, scale=scale, rows=rows, precision=operands,
-                                   out_precision=out_precision)
+    ref_p, _ = attention_reference(
+        hq, hk, hv, causal=causal, scale=scale, rows=rows, precision=operands, out_precision=out_precision
+    )
     if rows is not None:
         got, lse_host = got[:, rows], lse.get()[:, :, rows]
     else:
@@ -74,8 +104,20 @@ def test_forward_with_smaller_shared_memory(dtype, smem_limit, p, causal):
 def test_float32_causal_within_the_rtx6000ada_limit(D):
     """float32, causal, B=4, H=4, S=4096 within 101376 bytes (an RTX 6000 Ada's opt-in limit)."""
     rows = np.sort(np.random.default_rng(D).choice(4096, 192, replace=False))
-    run_and_check(B=4, Sq=4096, Sk=4096, Hq=4, Hkv=4, D=D, Dv=D, dtype="float32", causal=True,
-                  smem_limit=101376, rows=rows, seed=D)
+    run_and_check(
+        B=4,
+        Sq=4096,
+        Sk=4096,
+        Hq=4,
+        Hkv=4,
+        D=D,
+        Dv=D,
+        dtype="float32",
+        causal=True,
+        smem_limit=101376,
+        rows=rows,
+        seed=D,
+    )
 
 
 def test_env_smem_limit_is_honoured(monkeypatch):
@@ -86,8 +128,7 @@ def test_env_smem_limit_is_honoured(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rows_that_see_no_key_give_zero_and_minus_inf(dtype):
     rng = np.random.default_rng(7)
-    q, k, v = (testing.to_device(testing.host_values((2, s, 2, 64), dtype, rng), dtype)
-               for s in (40, 9, 9))
+    q, k, v = (testing.to_device(testing.host_values((2, s, 2, 64), dtype, rng), dtype) for s in (40, 9, 9))
     out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)  # rows 0..30 see nothing
     host = testing.to_host(out)
     assert np.all(host[:, :31] == 0) and not np.isnan(host).any()
@@ -111,8 +152,7 @@ def test_packed_qkv_views_need_no_copy(dtype):
 def test_zero_sized_inputs_return_empty_results():
     import cupy
 
-    for shape_q, shape_kv in [((0, 5, 2, 8), (0, 5, 2, 8)), ((1, 0, 2, 8), (1, 5, 2, 8)),
-                              ((1, 5, 0, 8), (1, 5, 0, 8))]:
+    for shape_q, shape_kv in [((0, 5, 2, 8), (0, 5, 2, 8)), ((1, 0, 2, 8), (1, 5, 2, 8)), ((1, 5, 0, 8), (1, 5, 0, 8))]:
         q = cupy.ones(shape_q, cupy.float16)
         kv = cupy.ones(shape_kv, cupy.float16)
         out, lse = cupyattn.attention(q, kv, kv, return_lse=True)
@@ -132,7 +172,11 @@ def _bad_inputs():
         # (kwargs, exception, message fragment)
         (dict(q=f16(2, 16, 64), k=k, v=v), ValueError, "q: expected 4 dimensions"),
         (dict(q=q, k=k.astype(cupy.float32), v=v), TypeError, "k: expected dtype float16"),
-        (dict(q=q.astype(cupy.float64), k=k, v=v), TypeError, "q: expected dtype float16, bfloat16 or float32, got float64"),
+        (
+            dict(q=q.astype(cupy.float64), k=k, v=v),
+            TypeError,
+            "q: expected dtype float16, bfloat16 or float32, got float64",
+        ),
         (dict(q=q.astype(cupy.int32), k=k, v=v), TypeError, "got int32"),
         (dict(q=q.get(), k=k, v=v), TypeError, "q: expected a cupy.ndarray in GPU memory, got a numpy.ndarray"),
         (dict(q=q, k=f16(3, 16, 2, 64), v=v), ValueError, "expected batch 2"),
@@ -195,8 +239,7 @@ def test_compiled_kernel_opts_in_to_exactly_the_planned_bytes():
 def test_long_sequences_on_the_planned_kernel(dtype, D, causal):
     """Many K/V tiles (pipeline stages wrap many times); Sq != Sk, not multiples of the tiles."""
     rows = np.sort(np.random.default_rng(D).choice(1000, 128, replace=False))
-    run_and_check(B=2, Sq=1000, Sk=1531, Hq=4, Hkv=2, D=D, Dv=D, dtype=dtype, causal=causal,
-                  rows=rows, seed=D + causal)
+    run_and_check(B=2, Sq=1000, Sk=1531, Hq=4, Hkv=2, D=D, Dv=D, dtype=dtype, causal=causal, rows=rows, seed=D + causal)
 
 
 def test_long_context_forward_needs_only_the_lse_as_workspace():
@@ -217,8 +260,7 @@ def test_long_context_forward_needs_only_the_lse_as_workspace():
     rows = np.array([0, 1, 4095, 40000, S - 1])
     ref, _ = attention_reference(hq, hk, hv, causal=True, rows=rows)
     ref_p, _ = attention_reference(hq, hk, hv, causal=True, rows=rows, precision="bfloat16")
-    cmp = testing.compare(testing.to_host(out)[:, rows], ref, ref_p, "bfloat16", S,
-                          logit_bound=logit_bound(hq, hk))
+    cmp = testing.compare(testing.to_host(out)[:, rows], ref, ref_p, "bfloat16", S, logit_bound=logit_bound(hq, hk))
     assert cmp.ok, str(cmp)
 
 

@@ -25,8 +25,9 @@ import cupyattn.jax as ca_jax  # noqa: E402
 def test_forward_and_grad_match_the_references(dtype, causal):
     rng = np.random.default_rng(0)
     B, Sq, Sk, Hq, Hkv, D = 2, 50, 70, 4, 2, 64
-    hq, hk, hv, hdo = (testing.host_values(s, dtype, rng) for s in
-                       ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D)))
+    hq, hk, hv, hdo = (
+        testing.host_values(s, dtype, rng) for s in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D))
+    )
     q, k, v, dout = (jnp.asarray(x, dtype=dtype) for x in (hq, hk, hv, hdo))
     out = ca_jax.attention(q, k, v, causal)
     bound = logit_bound(hq, hk)
@@ -39,8 +40,9 @@ def test_forward_and_grad_match_the_references(dtype, causal):
     refs = attention_backward_reference(hdo, hq, hk, hv, causal=causal)
     refs_p = attention_backward_reference(hdo, hq, hk, hv, causal=causal, precision=dtype)
     for name, g, r, rp in zip(("dq", "dk", "dv"), grads, refs, refs_p):
-        cmp = testing.compare(np.asarray(g, np.float32), r, rp, dtype, max(Sq * 2, Sk, D), factor=3.0,
-                              logit_bound=bound)
+        cmp = testing.compare(
+            np.asarray(g, np.float32), r, rp, dtype, max(Sq * 2, Sk, D), factor=3.0, logit_bound=bound
+        )
         assert cmp.ok, f"{name}: {cmp}"
 
 

@@ -4,17 +4,36 @@ import pytest
 
 from cupyattn.device import NAMED_DEVICES, named_device, smem_limit_from_env
 from cupyattn.layout import align
-from cupyattn.plan import (FWD_MMA_TILES, MAX_ACCUMULATORS_PER_LANE, AttentionProblem, FwdSimtConfig, FwdWgmmaConfig,
-                           MmaConfig, PlanError, blocks_per_sm, plan_backward, plan_forward)
+from cupyattn.plan import (
+    FWD_MMA_TILES,
+    MAX_ACCUMULATORS_PER_LANE,
+    AttentionProblem,
+    FwdSimtConfig,
+    FwdWgmmaConfig,
+    MmaConfig,
+    PlanError,
+    blocks_per_sm,
+    plan_backward,
+    plan_forward,
+)
 
 DTYPES = ("float16", "bfloat16", "float32")
 
 
 def test_named_devices_have_the_documented_limits():
-    expect = {"v100": ((7, 0), 98304), "t4": ((7, 5), 65536), "a100": ((8, 0), 166912),
-              "rtx3090": ((8, 6), 101376), "rtx4090": ((8, 9), 101376), "l4": ((8, 9), 101376),
-              "rtx6000ada": ((8, 9), 101376), "h100": ((9, 0), 232448), "h200": ((9, 0), 232448),
-              "b200": ((10, 0), 232448), "rtx5090": ((12, 0), 101376)}
+    expect = {
+        "v100": ((7, 0), 98304),
+        "t4": ((7, 5), 65536),
+        "a100": ((8, 0), 166912),
+        "rtx3090": ((8, 6), 101376),
+        "rtx4090": ((8, 9), 101376),
+        "l4": ((8, 9), 101376),
+        "rtx6000ada": ((8, 9), 101376),
+        "h100": ((9, 0), 232448),
+        "h200": ((9, 0), 232448),
+        "b200": ((10, 0), 232448),
+        "rtx5090": ((12, 0), 101376),
+    }
     for name, (cc, optin) in expect.items():
         spec = named_device(name)
         assert spec.compute_capability == cc and spec.smem_per_block_optin == optin, name
@@ -50,8 +69,7 @@ def test_smem_limit_plans_as_if_the_device_were_smaller(limit):
 
 def test_float32_head_dim_128_on_rtx6000ada_opts_in_past_48k():
     # Past the 48 KiB default: the tiles that the opt-in limit allows.
-    plan = plan_forward(AttentionProblem("float32", 128, 128, True, 4, 4, 4, 4096, 4096),
-                        named_device("rtx6000ada"))
+    plan = plan_forward(AttentionProblem("float32", 128, 128, True, 4, 4, 4, 4096, 4096), named_device("rtx6000ada"))
     assert 49152 < plan.smem_bytes <= 101376
     assert isinstance(plan.config, MmaConfig) and plan.precision == "fp32"  # 3xTF32 on sm_89
     assert (plan.config.block_m, plan.config.block_n) == (64, 32)
@@ -191,8 +209,13 @@ def test_tensor_core_backward_is_chosen_only_where_it_can_run():
         assert isinstance(dkdv, BwdDkdvMmaConfig) and isinstance(dq, BwdDqMmaConfig)
     assert cfgs(d=256)[0].d_split == 2  # two warps share 16 keys: 128 dK/dV columns each
     assert cfgs(dtype="float32")[0].precision == cfgs(dtype="float32")[1].precision == "fp32"
-    for kwargs in ({"dtype": "float32", "device": "v100"}, {"device": "t4"}, {"d": 100}, {"dv": 64},
-                   {"aligned": False}):
+    for kwargs in (
+        {"dtype": "float32", "device": "v100"},
+        {"device": "t4"},
+        {"d": 100},
+        {"dv": 64},
+        {"aligned": False},
+    ):
         assert [type(c).__name__ for c in cfgs(**kwargs)] == ["BwdDkdvSimtConfig", "BwdDqSimtConfig"], kwargs
 
 
@@ -227,8 +250,12 @@ def test_tiles_left_out_for_registers_are_named_with_the_reason():
     assert plan.config.name_expression not in skipped
     assert f"  skipped {name}: two 16-row" in plan.describe()
     bplan = plan_backward(AttentionProblem("bfloat16", 256, 256, False), named_device("rtx5090"))
-    assert "over the spill-free budget of 80 on sm_120" in dict(bplan.dkdv.register_skipped)[
-        "cupyattn::attn_bwd_dkdv_mma<__nv_bfloat16, cupyattn::MmaHalf<__nv_bfloat16>, 256, 32, 32, 4, false>"]
+    assert (
+        "over the spill-free budget of 80 on sm_120"
+        in dict(bplan.dkdv.register_skipped)[
+            "cupyattn::attn_bwd_dkdv_mma<__nv_bfloat16, cupyattn::MmaHalf<__nv_bfloat16>, 256, 32, 32, 4, false>"
+        ]
+    )
     assert plan_forward(AttentionProblem("float32", 128, 128, True), named_device("v100")).register_skipped == ()
 
 
@@ -329,10 +356,14 @@ def test_tf32_takes_its_own_measured_tile_order_and_other_modes_keep_theirs():
     assert _tile(plan_backward(f16, spec).dq) == (64, 64, 4)
 
 
-@pytest.mark.parametrize("device,on_tensor_cores,why", [
-    ("a100", False, "over the spill-free budget of 96 on sm_80"),
-    ("h100", True, None),
-    ("b200", False, "spills at every tile above head dim 160 on sm_100")])
+@pytest.mark.parametrize(
+    "device,on_tensor_cores,why",
+    [
+        ("a100", False, "over the spill-free budget of 96 on sm_80"),
+        ("h100", True, None),
+        ("b200", False, "spills at every tile above head dim 160 on sm_100"),
+    ],
+)
 def test_3xtf32_register_caps_follow_the_architecture(device, on_tensor_cores, why):
     """At head dim 192 the 3xTF32 forward's (16, 16, 1) compiles clean on sm_90 only
     (ptxas spills it on sm_80 and sm_100): tensor cores there, FFMA elsewhere, said so."""
@@ -347,8 +378,9 @@ def test_wgmma_forward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measu
     from cupyattn.plan import WGMMA_FORWARD_MIN_KEYS, FwdMmaConfig, FwdWgmmaConfig
 
     def cfg(precision, d, device="h200", dtype="float32", causal=False, batch=4, seqlen=4096):
-        problem = AttentionProblem(dtype, d, d, causal, batch, 16, 16, seqlen, seqlen,
-                                   precision=(precision,) if dtype == "float32" else ())
+        problem = AttentionProblem(
+            dtype, d, d, causal, batch, 16, 16, seqlen, seqlen, precision=(precision,) if dtype == "float32" else ()
+        )
         return plan_forward(problem, named_device(device)).config
 
     # tiles.FWD_WGMMA_FIRST: the fastest tile of each sweep, by mode, head dim and causality.
@@ -440,22 +472,27 @@ def test_wgmma_forward_layout_holds_tf32_parts_and_staged_key_tiles():
     assert "warpgroup MMA (wgmma, sm_90a)" in plan.describe() and "kv_tiles" in plan.describe()
     # The staging launch and the global memory it takes: 4 x 16 heads x 4096 keys of K and
     # V in two TF32 parts ("fp32").
-    assert (f"staged first by {plan.config.staging.name_expression}: {4 * 16 * 4096 * 64 * 4 * 2 * 2} bytes"
-            in plan.describe())
+    assert (
+        f"staged first by {plan.config.staging.name_expression}: {4 * 16 * 4096 * 64 * 4 * 2 * 2} bytes"
+        in plan.describe()
+    )
 
 
 def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_measured_faster():
     from cupyattn.plan import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, BwdFusedWgmmaConfig, StagingConfig, WgmmaConfig
 
     def plans(precision, d, device="h200", dtype="float32", batch=4, seqlen=4096, causal=False):
-        problem = AttentionProblem(dtype, d, d, causal, batch, 16, 16, seqlen, seqlen,
-                                   precision=(precision,) if dtype == "float32" else ())
+        problem = AttentionProblem(
+            dtype, d, d, causal, batch, 16, 16, seqlen, seqlen, precision=(precision,) if dtype == "float32" else ()
+        )
         bwd = plan_backward(problem, named_device(device))
         return bwd.dkdv.config, bwd.dq.config
 
     def tiles(cfgs):
-        return [("wgmma" if isinstance(c, WgmmaConfig) else type(c).__name__, (c.block_m, c.block_n, c.num_warps))
-                for c in cfgs]
+        return [
+            ("wgmma" if isinstance(c, WgmmaConfig) else type(c).__name__, (c.block_m, c.block_n, c.num_warps))
+            for c in cfgs
+        ]
 
     # The default policy: wgmma first wherever its tiles compile without spills and fit.
     assert tiles(plans("tf32", 64)) == [("wgmma", (32, 192, 12)), ("wgmma", (128, 32, 8))]
@@ -465,7 +502,9 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
     assert tiles(plans("fp32", 64)) == [("wgmma", (64, 128, 8)), ("wgmma", (128, 64, 8))]
     dkdv, _ = plans("fp32", 64)
     assert dkdv.ring and not dkdv.kv_in_registers and dkdv.layout["k_tile"].shape == (2, 128, 64)
-    assert "unless through the ring" in BwdDkdvWgmmaConfig("float32", "fp32", 64, 64, 64, 4, False).register_reason((9, 0))
+    assert "unless through the ring" in BwdDkdvWgmmaConfig("float32", "fp32", 64, 64, 64, 4, False).register_reason(
+        (9, 0)
+    )
     # "tf32" at 128 (tiles.BWD_WGMMA_FIRST): dK/dV's 64-query tiles through the ring (one
     # stage does not fit beside K and V), dQ's 64-key tiles.
     assert tiles(plans("tf32", 128)) == [("wgmma", (64, 128, 8)), ("wgmma", (128, 64, 8))]
@@ -599,7 +638,9 @@ def test_wgmma_backward_layouts_and_register_rules():
     # ... or two warpgroups share 64 keys, each with half of the head dim (d_split 2).
     shared = BwdDkdvWgmmaConfig("float32", "tf32", 256, 16, 64, 8, False)
     assert shared.valid and shared.d_split == 2 and shared.accumulators_per_lane == 128 + 16
-    assert shared.register_reason((9, 0)) is None and shared.layout.total == 2 * 64 * 256 * 4 + 65664 + 16  # one stage: two barriers
+    assert (
+        shared.register_reason((9, 0)) is None and shared.layout.total == 2 * 64 * 256 * 4 + 65664 + 16
+    )  # one stage: two barriers
     assert not BwdFusedWgmmaConfig("float32", "tf32", 128, 16, 64, 8, False).valid  # dS of all its keys
     assert dq.valid and not BwdDqWgmmaConfig("float32", "tf32", 128, 32, 32, 8, True).valid
     assert BwdDqWgmmaConfig("float32", "tf32", 128, 64, 32, 8, True).d_split == 2  # two warpgroups, 64 rows
@@ -641,8 +682,9 @@ def test_fused_backward_is_planned_only_when_the_caller_gives_up_determinism_on_
     from cupyattn.plan import BwdFusedWgmmaConfig
 
     def bwd(precision, d, deterministic=False, device="h200", seqlen=4096, causal=False):
-        problem = AttentionProblem("float32", d, d, causal, 4, 16, 16, seqlen, seqlen, precision=(precision,),
-                                   deterministic=deterministic)
+        problem = AttentionProblem(
+            "float32", d, d, causal, 4, 16, 16, seqlen, seqlen, precision=(precision,), deterministic=deterministic
+        )
         return plan_backward(problem, named_device(device))
 
     fused = bwd("tf32", 64)
@@ -670,8 +712,7 @@ def test_fused_backward_layout_keeps_k_transposed_and_each_warpgroups_ds():
     fused = BwdFusedWgmmaConfig("float32", "tf32", 64, 32, 128, 8, False)
     assert [b.name for b in fused.layout] == ["k_tile", "v_tile", "kt_tile", "ds_tiles", "q_tiles", "barriers"]
     assert fused.layout["kt_tile"].shape == (1, 64, 128) and fused.layout["ds_tiles"].shape == (2, 1, 32, 64)
-    assert fused.stages == 2 and fused.staging == BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 128, 8,
-                                                                      False).staging
+    assert fused.stages == 2 and fused.staging == BwdDkdvWgmmaConfig("float32", "tf32", 64, 32, 128, 8, False).staging
     assert fused.layout.total == 3 * 128 * 64 * 4 + 2 * 32 * 64 * 4 + 2 * (4 * 32 * 64 * 4 + 2 * 32 * 4) + 16
     fp32 = BwdFusedWgmmaConfig("float32", "fp32", 64, 32, 64, 4, True)
     assert fp32.stages == 1 and fp32.layout["ds_tiles"].shape == (1, 2, 32, 64)
@@ -716,8 +757,9 @@ def test_the_default_policy_plans_as_no_policy_does():
         for dtype, precision in (("float16", None), ("float32", "fp32"), ("float32", "tf32")):
             for d, s, causal in ((64, 4096, False), (128, 512, True), (256, 1024, False), (72, 333, True)):
                 for deterministic in (True, False):
-                    problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, s, s, precision=precision,
-                                               deterministic=deterministic)
+                    problem = AttentionProblem(
+                        dtype, d, d, causal, 4, 16, 16, s, s, precision=precision, deterministic=deterministic
+                    )
                     want = _plans(problem, spec)
                     assert _plans(problem, spec, DEFAULT_POLICY) == want == _plans(problem, spec, Policy())
 
@@ -742,7 +784,9 @@ def test_a_policy_restricts_the_kernel_families():
     two = plan_backward(fused, h200, Policy(families={"wgmma", "mma", "simt"}))
     assert two.dq is not None and not isinstance(two.dkdv.config, BwdFusedWgmmaConfig)
     # No allowed family fits: the error lists what was tried.
-    with pytest.raises(PlanError, match="(?s)no forward configuration fits H200.*tried:\n  cupyattn::attn_fwd_mma<float"):
+    with pytest.raises(
+        PlanError, match="(?s)no forward configuration fits H200.*tried:\n  cupyattn::attn_fwd_mma<float"
+    ):
         plan_forward(problem, h200.with_smem_limit(8192), Policy(families={"mma"}))
     assert plan_backward(problem, named_device("v100"), Policy(families={"simt"})).delta is not None
 
@@ -777,15 +821,17 @@ def test_a_policy_moves_the_thresholds_and_where_the_fused_pass_runs():
     assert isinstance(plan_forward(short, h200, Policy(wgmma_forward_min_keys=256)).config, FwdWgmmaConfig)
     mid = AttentionProblem("float32", 64, 64, False, 4, 16, 16, 512, 512, precision="tf32")
     assert not any(isinstance(p.config, WgmmaConfig) for p in plan_backward(mid, h200).plans)
-    assert all(isinstance(p.config, WgmmaConfig) for p in plan_backward(mid, h200, Policy(
-        wgmma_backward_min_rows=512)).plans)
+    assert all(
+        isinstance(p.config, WgmmaConfig) for p in plan_backward(mid, h200, Policy(wgmma_backward_min_rows=512)).plans
+    )
     # From padded head dim 128 the lower of the two thresholds holds.
     wide = AttentionProblem("float32", 128, 128, True, 4, 16, 16, 256, 256, precision="tf32")
     assert not any(isinstance(p.config, WgmmaConfig) for p in plan_backward(wide, h200).plans)
-    assert all(isinstance(p.config, WgmmaConfig)
-               for p in plan_backward(wide, h200, Policy(wgmma_backward_min_rows_from_128=128)).plans)
-    fused = AttentionProblem("float32", 128, 128, False, 4, 16, 16, 4096, 4096, precision="tf32",
-                             deterministic=False)
+    assert all(
+        isinstance(p.config, WgmmaConfig)
+        for p in plan_backward(wide, h200, Policy(wgmma_backward_min_rows_from_128=128)).plans
+    )
+    fused = AttentionProblem("float32", 128, 128, False, 4, 16, 16, 4096, 4096, precision="tf32", deterministic=False)
     assert plan_backward(fused, h200).dq is not None
     bwd = plan_backward(fused, h200, Policy(fused_where=[("tf32", 128)]))
     assert bwd.dq is None and isinstance(bwd.dkdv.config, BwdFusedWgmmaConfig)
@@ -797,22 +843,25 @@ def test_policy_values_are_normalised_and_bad_ones_name_their_argument():
     from cupyattn.plan import Policy
 
     loose = Policy(families=["mma", "simt"], tiles={"fwd_mma": [[64, 64, 4]]}, fused_where=[["tf32", 64]])
-    exact = Policy(families=frozenset({"simt", "mma"}), tiles=(("fwd_mma", ((64, 64, 4),)),),
-                   fused_where=frozenset({("tf32", 64)}))
+    exact = Policy(
+        families=frozenset({"simt", "mma"}), tiles=(("fwd_mma", ((64, 64, 4),)),), fused_where=frozenset({("tf32", 64)})
+    )
     assert loose == exact and hash(loose) == hash(exact)
     assert Policy(families="mma").families == frozenset({"mma"})
-    bad = [(dict(families={"tensor"}), "families: expected None or a non-empty set of"),
-           (dict(families=()), "families: expected"),
-           (dict(tiles={"fwd": [(64, 64, 4)]}), "tiles: expected keys among"),
-           (dict(tiles=[("fwd_mma", ()), ("fwd_mma", ())]), "tiles: 'fwd_mma' given twice"),
-           (dict(tiles={"fwd_mma": [(64, 64)]}), r"tiles\['fwd_mma'\]: expected \(block_m, block_n, num_warps\)"),
-           (dict(tiles={"fwd_mma": [(64, 0, 4)]}), r"tiles\['fwd_mma'\]"),
-           (dict(tiles={"fwd_mma": 64}), r"tiles\['fwd_mma'\]: expected a sequence"),
-           (dict(tiles=[1, 2]), "tiles: expected a dict or"),
-           (dict(wgmma_forward_min_keys=-1), "wgmma_forward_min_keys: expected an int >= 0, got -1"),
-           (dict(wgmma_backward_min_rows=1.5), "wgmma_backward_min_rows: expected an int"),
-           (dict(wgmma_backward_min_rows_from_128=True), "wgmma_backward_min_rows_from_128: expected"),
-           (dict(fused_where={("fp64", 64)}), "fused_where: expected \\(precision, padded head dim\\) pairs")]
+    bad = [
+        (dict(families={"tensor"}), "families: expected None or a non-empty set of"),
+        (dict(families=()), "families: expected"),
+        (dict(tiles={"fwd": [(64, 64, 4)]}), "tiles: expected keys among"),
+        (dict(tiles=[("fwd_mma", ()), ("fwd_mma", ())]), "tiles: 'fwd_mma' given twice"),
+        (dict(tiles={"fwd_mma": [(64, 64)]}), r"tiles\['fwd_mma'\]: expected \(block_m, block_n, num_warps\)"),
+        (dict(tiles={"fwd_mma": [(64, 0, 4)]}), r"tiles\['fwd_mma'\]"),
+        (dict(tiles={"fwd_mma": 64}), r"tiles\['fwd_mma'\]: expected a sequence"),
+        (dict(tiles=[1, 2]), "tiles: expected a dict or"),
+        (dict(wgmma_forward_min_keys=-1), "wgmma_forward_min_keys: expected an int >= 0, got -1"),
+        (dict(wgmma_backward_min_rows=1.5), "wgmma_backward_min_rows: expected an int"),
+        (dict(wgmma_backward_min_rows_from_128=True), "wgmma_backward_min_rows_from_128: expected"),
+        (dict(fused_where={("fp64", 64)}), "fused_where: expected \\(precision, padded head dim\\) pairs"),
+    ]
     for kwargs, message in bad:
         with pytest.raises(ValueError, match=message):
             Policy(**kwargs)

@@ -21,8 +21,18 @@ from test_forward_gpu import run_and_check
 import cupyattn
 from cupyattn import testing
 from cupyattn.device import current_device
-from cupyattn.plan import (BWD_DKDV_WGMMA_TILES, BWD_DQ_WGMMA_TILES, BWD_FUSED_WGMMA_TILES, FWD_WGMMA_TILES,
-                           PRECISIONS, AttentionProblem, MmaConfig, Policy, plan_backward, plan_forward)
+from cupyattn.plan import (
+    BWD_DKDV_WGMMA_TILES,
+    BWD_DQ_WGMMA_TILES,
+    BWD_FUSED_WGMMA_TILES,
+    FWD_WGMMA_TILES,
+    PRECISIONS,
+    AttentionProblem,
+    MmaConfig,
+    Policy,
+    plan_backward,
+    plan_forward,
+)
 from cupyattn.reference import attention_backward_reference, attention_reference
 
 pytestmark = pytest.mark.gpu
@@ -55,8 +65,9 @@ def test_tensor_core_kernels_in_each_precision(precision, D, B, Sq, Sk, causal):
             assert plan.precision == precision, plan.config.name_expression
         else:  # only where every tensor-core tile would spill (3xTF32 forward at 256): FFMA, said so
             assert precision == "fp32" and plan.register_skipped, plan.config.name_expression
-    shape = dict(B=B, Sq=Sq, Sk=Sk, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
-                 precision=precision, seed=D + Sq)
+    shape = dict(
+        B=B, Sq=Sq, Sk=Sk, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal, precision=precision, seed=D + Sq
+    )
     run_and_check(**shape)
     run_backward_and_check(**shape)
 
@@ -79,8 +90,20 @@ def test_wgmma_forward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal)
     policy = Policy(tiles={"fwd_mma": ()})
     problem = AttentionProblem("float32", D, D, causal, B, 4, 2, Sq, Sk, precision=(precision,))
     assert isinstance(plan_forward(problem, spec, policy).config, P.FwdWgmmaConfig)
-    run_and_check(B=B, Sq=Sq, Sk=Sk, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
-                  precision=precision, seed=D + Sq + 7, policy=policy)
+    run_and_check(
+        B=B,
+        Sq=Sq,
+        Sk=Sk,
+        Hq=4,
+        Hkv=2,
+        D=D,
+        Dv=D,
+        dtype="float32",
+        causal=causal,
+        precision=precision,
+        seed=D + Sq + 7,
+        policy=policy,
+    )
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
@@ -102,8 +125,20 @@ def test_wgmma_forward_in_every_planned_tile(precision, D, causal, tile):
     policy = Policy(tiles={"fwd_mma": (), "fwd_wgmma": (tile,)})
     problem = AttentionProblem("float32", D, D, causal, 1, 2, 1, 300, 333, precision=(precision,))
     assert plan_forward(problem, spec, policy).config == cfg
-    run_and_check(B=1, Sq=300, Sk=333, Hq=2, Hkv=1, D=D, Dv=D, dtype="float32", causal=causal,
-                  precision=precision, seed=D + sum(tile), policy=policy)
+    run_and_check(
+        B=1,
+        Sq=300,
+        Sk=333,
+        Hq=2,
+        Hkv=1,
+        D=D,
+        Dv=D,
+        dtype="float32",
+        causal=causal,
+        precision=precision,
+        seed=D + sum(tile),
+        policy=policy,
+    )
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
@@ -139,20 +174,40 @@ def test_staged_tiles_match_the_wgmma_kernels_shared_memory_layout(precision, op
         got = api.stage_tiles(staging, spec, on_gpu[:, :, 0], on_gpu[:, :, 1], o, cupy.asarray(lse), delta)
         own = cupy.full((B, H, S), np.nan, dtype=cupy.float32)
         cfg, n_rows, do_ = BwdDeltaConfig("float32"), B * H * S, on_gpu[:, :, 1]
-        api._launch(cfg, spec, -(-n_rows // cfg.rows_per_block), "dout", (
-            api._ptr(do_), api._ptr(o), api._ptr(own), *api._elem_strides(do_), *api._elem_strides(o),
-            np.int32(H), np.int32(S), np.int32(D), np.int64(n_rows)))
+        api._launch(
+            cfg,
+            spec,
+            -(-n_rows // cfg.rows_per_block),
+            "dout",
+            (
+                api._ptr(do_),
+                api._ptr(o),
+                api._ptr(own),
+                *api._elem_strides(do_),
+                *api._elem_strides(o),
+                np.int32(H),
+                np.int32(S),
+                np.int32(D),
+                np.int64(n_rows),
+            ),
+        )
         delta, own = delta.get(), own.get()
         np.testing.assert_array_equal(delta.view(np.uint32), own.view(np.uint32))
         exact = np.einsum("bshd,bshd->bhs", b.astype(np.float64), o.get().astype(np.float64))
         np.testing.assert_allclose(delta, exact, rtol=1e-5, atol=1e-5)
-        want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows,
-                            rowwise=(lse * np.float32(1.4426950408889634), delta),  # LOG2E
-                            parts_as_rows=parts_as_rows)
+        want = staged_tiles(
+            staged_operands(operands, a, b),
+            precision,
+            staging.head_dim_pad,
+            rows,
+            rowwise=(lse * np.float32(1.4426950408889634), delta),  # LOG2E
+            parts_as_rows=parts_as_rows,
+        )
     else:
         got = api.stage_tiles(staging, spec, on_gpu[:, :, 0], on_gpu[:, :, 1])
-        want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows,
-                            parts_as_rows=parts_as_rows)
+        want = staged_tiles(
+            staged_operands(operands, a, b), precision, staging.head_dim_pad, rows, parts_as_rows=parts_as_rows
+        )
     got = got.get()
     assert got.size * 4 == staging.workspace_bytes(B, H, S)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
@@ -184,14 +239,15 @@ def test_wgmma_forward_keeps_nan_in_keys_no_row_sees_out_of_the_output(precision
     np.testing.assert_array_equal(got.get(), want.get())
 
 
-WGMMA_BACKWARD_TILES = ([("dkdv", t) for t in BWD_DKDV_WGMMA_TILES] + [("dq", t) for t in BWD_DQ_WGMMA_TILES])
+WGMMA_BACKWARD_TILES = [("dkdv", t) for t in BWD_DKDV_WGMMA_TILES] + [("dq", t) for t in BWD_DQ_WGMMA_TILES]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
 @pytest.mark.parametrize("D", [40, 64, 128, 160, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("kind,tile", WGMMA_BACKWARD_TILES, ids=[f"{k}-{m}x{n}x{w}" for k, (m, n, w) in
-                                                                  WGMMA_BACKWARD_TILES])
+@pytest.mark.parametrize(
+    "kind,tile", WGMMA_BACKWARD_TILES, ids=[f"{k}-{m}x{n}x{w}" for k, (m, n, w) in WGMMA_BACKWARD_TILES]
+)
 def test_wgmma_backward_in_every_listed_tile(precision, D, causal, kind, tile):
     """Each wgmma tile of the backward's lists (4 to 16 warps) where it fits and compiles
     without spills, dK/dV or dQ alone on it (the other pass as planned), on a GQA problem of
@@ -211,8 +267,20 @@ def test_wgmma_backward_in_every_listed_tile(precision, D, causal, kind, tile):
     problem = AttentionProblem("float32", D, D, causal, 1, 2, 1, 300, 333, precision=(precision,))
     bwd = plan_backward(problem, spec, policy)
     assert (bwd.dkdv if kind == "dkdv" else bwd.dq).config == cfg
-    run_backward_and_check(B=1, Sq=300, Sk=333, Hq=2, Hkv=1, D=D, Dv=D, dtype="float32", causal=causal,
-                           precision=precision, seed=D + sum(tile), policy=policy)
+    run_backward_and_check(
+        B=1,
+        Sq=300,
+        Sk=333,
+        Hq=2,
+        Hkv=1,
+        D=D,
+        Dv=D,
+        dtype="float32",
+        causal=causal,
+        precision=precision,
+        seed=D + sum(tile),
+        policy=policy,
+    )
 
 
 @pytest.fixture
@@ -239,8 +307,20 @@ def test_wgmma_backward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal
     wgmma = [isinstance(p.config, P.WgmmaConfig) for p in (bwd.dkdv, bwd.dq)]
     if not any(wgmma):
         pytest.skip("no wgmma backward tile fits here (shared memory or registers)")
-    run_backward_and_check(B=B, Sq=Sq, Sk=Sk, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
-                           precision=precision, seed=D + Sq + 11, policy=NO_MMA_BACKWARD)
+    run_backward_and_check(
+        B=B,
+        Sq=Sq,
+        Sk=Sk,
+        Hq=4,
+        Hkv=2,
+        D=D,
+        Dv=D,
+        dtype="float32",
+        causal=causal,
+        precision=precision,
+        seed=D + Sq + 11,
+        policy=NO_MMA_BACKWARD,
+    )
 
 
 @pytest.mark.parametrize("precision,D", [("fp32", 136), ("fp32", 200), ("fp32", 232), ("tf32", 240)])
@@ -255,8 +335,20 @@ def test_wgmma_dkdv_pads_the_head_dim_to_32_for_its_d_split_tiles(precision, D, 
     cfg = plan_backward(problem, wgmma_backward_only, NO_MMA_BACKWARD).dkdv.config
     assert isinstance(cfg, P.BwdDkdvWgmmaConfig) and cfg.d_split == 2
     assert cfg.head_dim_pad == (D + 31) // 32 * 32 > P.mma_head_dim_pad(D)
-    run_backward_and_check(B=1, Sq=150, Sk=97, Hq=2, Hkv=1, D=D, Dv=D, dtype="float32", causal=causal,
-                           precision=precision, seed=D + 5, policy=NO_MMA_BACKWARD)
+    run_backward_and_check(
+        B=1,
+        Sq=150,
+        Sk=97,
+        Hq=2,
+        Hkv=1,
+        D=D,
+        Dv=D,
+        dtype="float32",
+        causal=causal,
+        precision=precision,
+        seed=D + 5,
+        policy=NO_MMA_BACKWARD,
+    )
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
@@ -276,12 +368,24 @@ def test_fused_backward_in_every_listed_tile(precision, D, causal, tile):
     if cfg.layout.total > spec.smem_per_block_optin or cfg.register_reason(spec.compute_capability):
         pytest.skip(f"{cfg.name_expression} is not planned on this GPU (shared memory or registers)")
     policy = Policy(tiles={"bwd_fused_wgmma": (tile,)}, fused_where={(precision, D)}, wgmma_backward_min_rows=0)
-    problem = AttentionProblem("float32", D, D, causal, 1, 4, 2, 300, 333, precision=(precision,),
-                               deterministic=False)
+    problem = AttentionProblem("float32", D, D, causal, 1, 4, 2, 300, 333, precision=(precision,), deterministic=False)
     bwd = plan_backward(problem, spec, policy)
     assert bwd.dq is None and bwd.dkdv.config == cfg
-    run_backward_and_check(B=1, Sq=300, Sk=333, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
-                           precision=precision, seed=D + sum(tile), deterministic=False, policy=policy)
+    run_backward_and_check(
+        B=1,
+        Sq=300,
+        Sk=333,
+        Hq=4,
+        Hkv=2,
+        D=D,
+        Dv=D,
+        dtype="float32",
+        causal=causal,
+        precision=precision,
+        seed=D + sum(tile),
+        deterministic=False,
+        policy=policy,
+    )
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
@@ -295,12 +399,24 @@ def test_fused_backward_on_every_tile_shape_edge(precision, D, B, Sq, Sk, causal
     if spec.compute_capability != (9, 0):
         pytest.skip("wgmma needs an sm_90 GPU")
     policy = Policy(fused_where={(precision, D)}, wgmma_backward_min_rows=0)
-    problem = AttentionProblem("float32", D, D, causal, B, 4, 2, Sq, Sk, precision=(precision,),
-                               deterministic=False)
+    problem = AttentionProblem("float32", D, D, causal, B, 4, 2, Sq, Sk, precision=(precision,), deterministic=False)
     if plan_backward(problem, spec, policy).dq is not None:
         pytest.skip("no fused tile fits here (shared memory or registers)")
-    run_backward_and_check(B=B, Sq=Sq, Sk=Sk, Hq=4, Hkv=2, D=D, Dv=D, dtype="float32", causal=causal,
-                           precision=precision, seed=D + Sq + 13, deterministic=False, policy=policy)
+    run_backward_and_check(
+        B=B,
+        Sq=Sq,
+        Sk=Sk,
+        Hq=4,
+        Hkv=2,
+        D=D,
+        Dv=D,
+        dtype="float32",
+        causal=causal,
+        precision=precision,
+        seed=D + Sq + 13,
+        deterministic=False,
+        policy=policy,
+    )
 
 
 @pytest.mark.parametrize("mode,dtype", [("tf32", "tf32"), ("bf16", "bfloat16"), ("fp16", "float16")])
@@ -309,8 +425,12 @@ def test_cuda_core_operands_are_rounded_as_the_reference_rounds_them(mode, dtype
     from cupyattn.reference import round_to
 
     rng = np.random.default_rng(11)
-    x = np.concatenate([rng.standard_normal(4096).astype(np.float32) * 1e3,
-                        np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1e-40, -1e-45])])
+    x = np.concatenate(
+        [
+            rng.standard_normal(4096).astype(np.float32) * 1e3,
+            np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1e-40, -1e-45]),
+        ]
+    )
     got = testing.to_host(round_operand(testing.to_device(x, "float32"), mode))
     want = round_to(x, dtype)
     assert np.array_equal(np.isnan(got), np.isnan(want))
@@ -330,14 +450,25 @@ def test_backward_on_cuda_cores_sees_the_scores_of_a_tensor_core_forward(precisi
     if not isinstance(forward.config, MmaConfig) or isinstance(dkdv.config, MmaConfig):
         pytest.skip("this GPU plans both passes on the same kind of core here")
     assert dkdv.precision == precision and "rounded to" in dkdv.precision_text
-    run_backward_and_check(B=1, Sq=1, Sk=1, Hq=1, Hkv=1, D=200, Dv=200, dtype="float32", causal=False,
-                           scale=1.0, seed=seed, precision=precision)
+    run_backward_and_check(
+        B=1,
+        Sq=1,
+        Sk=1,
+        Hq=1,
+        Hkv=1,
+        D=200,
+        Dv=200,
+        dtype="float32",
+        causal=False,
+        scale=1.0,
+        seed=seed,
+        precision=precision,
+    )
 
 
 def test_a_sequence_of_modes_takes_the_first_on_tensor_cores():
     rng = np.random.default_rng(5)
-    q, k, v = (testing.to_device(testing.host_values((1, 70, 2, 64), "float32", rng), "float32")
-               for _ in range(3))
+    q, k, v = (testing.to_device(testing.host_values((1, 70, 2, 64), "float32", rng), "float32") for _ in range(3))
     both = cupyattn.attention(q, k, v, precision=("tf32", "bf16"))
     tf32 = cupyattn.attention(q, k, v, precision="tf32")
     assert bool((both == tf32).all())
@@ -367,8 +498,7 @@ def test_documented_accuracy_of_each_mode():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("D,kernels", [(64, "mma"), (128, "mma"), (64, "wgmma"), (128, "wgmma"),
-                                       (256, "wgmma")])
+@pytest.mark.parametrize("D,kernels", [(64, "mma"), (128, "mma"), (64, "wgmma"), (128, "wgmma"), (256, "wgmma")])
 def test_fp32_backward_error_is_at_most_twice_a_float32_numpy_reference(causal, D, kernels):
     """The "fp32" accuracy target on the gradients, on mma.sync's kernels (wgmma's tiles
     taken away) and (sm_90) on the wgmma kernels (mma.sync's taken away; at head dim 64
@@ -444,8 +574,7 @@ def test_kept_words_split_into_the_parts_that_set_makes():
     carries = (exponent[1024:] | 0x7FF000 | (mantissa[1024:] & 0xFFF)).view(np.float32)
     special = np.array([0.0, -0.0, 1e-40, -3e-39, 1.0, -1.0, np.inf, -np.inf, np.nan], np.float32)
     x = np.concatenate([normal, ties, carries, -carries, special]).astype(np.float32)
-    module = cupy.RawModule(code=cc.hashed_source(_SPLIT_PROBE),
-                            options=cc.NVRTC_OPTIONS + (f"-I{cc.kernels_dir()}",))
+    module = cupy.RawModule(code=cc.hashed_source(_SPLIT_PROBE), options=cc.NVRTC_OPTIONS + (f"-I{cc.kernels_dir()}",))
     out = cupy.zeros(4 * x.size, dtype=cupy.uint32)
     module.get_function("both_splits")(((x.size + 127) // 128,), (128,), (cupy.asarray(x), out, np.int32(x.size)))
     plain_big, plain_small, big, small = out.get().reshape(-1, 4).T

@@ -7,7 +7,6 @@ CPU (the GPU tests run them on the GPU)."""
 
 import numpy as np
 import pytest
-
 from _probes import CORE_TILE_PROBES, compile_probe
 from _ptx_emulator import DeadlockError, PtxKernel, RaceError, UninitializedError, bank_wavefronts
 from _tile_orders import core_offset, slot_row, staged_operands, staged_tiles
@@ -161,21 +160,32 @@ def _truncated(x, y):  # C's division and remainder of int32
 def test_integer_arithmetic_and_shared_memory_match_numpy():
     n = 64
     rng = np.random.default_rng(7)
-    x = rng.integers(-2**31, 2**31, n, dtype=np.int64)
-    y = rng.integers(-2**31, 2**31, n, dtype=np.int64)
-    x[:4], y[:4] = [-7, 7, -2**31, 5], [2, -2, 3, -1]  # signs of division, the smallest int
+    x = rng.integers(-(2**31), 2**31, n, dtype=np.int64)
+    y = rng.integers(-(2**31), 2**31, n, dtype=np.int64)
+    x[:4], y[:4] = [-7, 7, -(2**31), 5], [2, -2, 3, -1]  # signs of division, the smallest int
     y[y == 0] = 1
     out = np.full(11 * n, 0x7FC00000, dtype=np.int32)  # poisoned
     wide = np.zeros(n, dtype=np.int64)
-    _kernel(ARITHMETIC_PROBE, "arithmetic_probe").run(n, [np.concatenate([x, y]).astype(np.int32), out, wide],
-                                                      n * 4)
+    _kernel(ARITHMETIC_PROBE, "arithmetic_probe").run(n, [np.concatenate([x, y]).astype(np.int32), out, wide], n * 4)
     t = np.arange(n)
     ux, uy = x % 2**32, y % 2**32
     q, r = _truncated(x, y)
-    want = np.stack([q, r, x >> (t % 32), ux >> (t % 32), np.minimum(x, y) - np.maximum(x, y),
-                     np.where(x < y, x * 3, y - x), (x & ~0xF0) | ((y << 4) & 0xF0), ux // uy + ux % uy,
-                     (x ^ y) + (x | y) * 5 - (x << (t % 8)), _truncated(x, 7)[0] + ux // 28, np.roll(x, -1)],
-                    axis=1)
+    want = np.stack(
+        [
+            q,
+            r,
+            x >> (t % 32),
+            ux >> (t % 32),
+            np.minimum(x, y) - np.maximum(x, y),
+            np.where(x < y, x * 3, y - x),
+            (x & ~0xF0) | ((y << 4) & 0xF0),
+            ux // uy + ux % uy,
+            (x ^ y) + (x | y) * 5 - (x << (t % 8)),
+            _truncated(x, 7)[0] + ux // 28,
+            np.roll(x, -1),
+        ],
+        axis=1,
+    )
     np.testing.assert_array_equal(out.reshape(n, 11), ((want + 2**31) % 2**32 - 2**31).astype(np.int32))
     np.testing.assert_array_equal(wide, x * y)
 
@@ -197,11 +207,11 @@ def test_float32_arithmetic_is_rounded_once_as_the_gpu_rounds_it():
     # a * b = 1 + 2^-11 + 2^-24, halfway between two floats; c = +-2^-70 decides: rounded in
     # double first, both would tie to the even 1 + 2^-11.
     a[:2] = b[:2] = np.float32(1 + 2**-12)
-    c[:2] = np.float32(2**-70), np.float32(-2**-70)
+    c[:2] = np.float32(2**-70), np.float32(-(2**-70))
     # More ties: products halfway between two floats, c zero (to even) or a hair either way.
     k = rng.integers(1, 2**10, 16) * 2 + 1
     a[2:18], b[2:18] = (1 + k * 2.0**-12).astype(np.float32), np.float32(1 + 2**-12)
-    c[2:18] = np.tile(np.float32([0, 2**-60, -2**-60, 2**-149]), 4)
+    c[2:18] = np.tile(np.float32([0, 2**-60, -(2**-60), 2**-149]), 4)
     out = np.full(4 * n, np.nan, dtype=np.float32)
     _kernel(FLOAT_PROBE, "float_probe").run(n, [a, b, c, out])
     out = out.reshape(n, 4)
@@ -216,7 +226,7 @@ def test_reciprocal_max_min_int_to_float_compares_and_atomic_adds_match_numpy():
     a = (rng.standard_normal(n) * 2.0 ** rng.integers(-30, 30, n)).astype(np.float32)
     b = np.where(rng.random(n) < 0.2, a, rng.standard_normal(n)).astype(np.float32)
     a[:3], b[3:6] = np.nan, np.nan
-    ints = rng.integers(-2**31, 2**31, n).astype(np.int32)
+    ints = rng.integers(-(2**31), 2**31, n).astype(np.int32)
     out, total = np.full(5 * n, np.nan, np.float32), np.zeros(1, np.float32)
     _kernel(FLOAT_MORE_PROBE, "float_more_probe").run(n, [a, b, ints, out, total])
     out = out.reshape(n, 5)
@@ -250,8 +260,15 @@ def test_warp_shuffles_exchange_the_lanes_values():
     warps = x.reshape(2, 32)
     lane = np.arange(32)
     down = np.where(lane + 3 < 32, np.roll(warps, -3, axis=1), warps)
-    want = np.stack([np.repeat(warps.sum(axis=1), 32), warps[:, lane ^ 5].reshape(-1), down.reshape(-1),
-                     np.repeat(warps[:, 5], 32)], axis=1)
+    want = np.stack(
+        [
+            np.repeat(warps.sum(axis=1), 32),
+            warps[:, lane ^ 5].reshape(-1),
+            down.reshape(-1),
+            np.repeat(warps[:, 5], 32),
+        ],
+        axis=1,
+    )
     np.testing.assert_array_equal(out.reshape(n, 4), want)
 
 
@@ -289,9 +306,18 @@ def test_bank_wavefronts_counts_the_accesses_a_warp_s_words_need():
     assert bank_wavefronts([(lane, 4 * lane, 4) for lane in range(32)]) == 1
 
 
-@pytest.mark.parametrize("parts,rows,d_pad,from_row", [(2, 16, 256, 0), (2, 16, 256, 1), (2, 16, 256, 7),
-                                                       (2, 16, 256, 9), (2, 16, 256, 16), (1, 64, 64, 40),
-                                                       (1, 32, 96, 31)])
+@pytest.mark.parametrize(
+    "parts,rows,d_pad,from_row",
+    [
+        (2, 16, 256, 0),
+        (2, 16, 256, 1),
+        (2, 16, 256, 7),
+        (2, 16, 256, 9),
+        (2, 16, 256, 16),
+        (1, 64, 64, 40),
+        (1, 32, 96, 31),
+    ],
+)
 def test_zero_transposed_rows_zeroes_the_rows_from_its_index_and_keeps_the_rest(parts, rows, d_pad, from_row):
     words = _random_words(parts * rows * d_pad, rows * d_pad + from_row)
     out = np.full_like(words, 0xFFC00000)  # poisoned
@@ -305,12 +331,21 @@ def test_zero_transposed_rows_zeroes_the_rows_from_its_index_and_keeps_the_rest(
     np.testing.assert_array_equal(out, want)
 
 
-@pytest.mark.parametrize("precision,operands,D,rows,parts_as_rows", [
-    ("fp32", "dkdv queries", 40, 16, False), ("tf32", "dkdv queries", 64, 32, False), ("fp32", "dq keys", 72, 16, False),
-    ("fp32", "forward keys", 40, 16, False), ("tf32", "forward keys", 32, 64, False),
-    ("fp32", "dkdv queries", 136, 16, True), ("fp32", "dq keys", 72, 16, True)])
-def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(precision, operands, D, rows,
-                                                                               parts_as_rows):
+@pytest.mark.parametrize(
+    "precision,operands,D,rows,parts_as_rows",
+    [
+        ("fp32", "dkdv queries", 40, 16, False),
+        ("tf32", "dkdv queries", 64, 32, False),
+        ("fp32", "dq keys", 72, 16, False),
+        ("fp32", "forward keys", 40, 16, False),
+        ("tf32", "forward keys", 32, 64, False),
+        ("fp32", "dkdv queries", 136, 16, True),
+        ("fp32", "dq keys", 72, 16, True),
+    ],
+)
+def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(
+    precision, operands, D, rows, parts_as_rows
+):
     """The staging kernels (the launch's grid, one block after another) from strided views
     of two operands interleaved in one array, a partial last tile, the head dim padded:
     every word as staged_tiles models it (TF32 parts split as the kernels do); the query
@@ -322,7 +357,8 @@ def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(p
 
     def run(config, blocks, args):
         _kernel(kernel_source(config), config.name_expression, target_arch(config, "sm_90")).run(
-            config.threads, args, blocks=blocks)
+            config.threads, args, blocks=blocks
+        )
 
     B, S, H = 1, rows + 5, 2
     rng = np.random.default_rng(D + rows)
@@ -338,20 +374,51 @@ def test_staging_launches_write_the_modelled_tiles_and_delta_as_attn_bwd_delta(p
         o = o_pair[:, :, 1]  # strided as dO
         lse = rng.standard_normal((B, H, S)).astype(np.float32)
         delta, own = np.full((B, H, S), np.nan, np.float32), np.full((B, H, S), np.nan, np.float32)
-        run(staging, blocks, [*views, (o_pair, H * D * 4), lse, delta, staged, *api._elem_strides(a),
-                              *api._elem_strides(b), *api._elem_strides(o), *sizes])
+        run(
+            staging,
+            blocks,
+            [
+                *views,
+                (o_pair, H * D * 4),
+                lse,
+                delta,
+                staged,
+                *api._elem_strides(a),
+                *api._elem_strides(b),
+                *api._elem_strides(o),
+                *sizes,
+            ],
+        )
         cfg, n_rows = BwdDeltaConfig("float32"), B * H * S
-        run(cfg, -(-n_rows // cfg.rows_per_block), [views[1], (o_pair, H * D * 4), own, *api._elem_strides(b),
-                                                   *api._elem_strides(o), *sizes[:3], np.int64(n_rows)])
+        run(
+            cfg,
+            -(-n_rows // cfg.rows_per_block),
+            [
+                views[1],
+                (o_pair, H * D * 4),
+                own,
+                *api._elem_strides(b),
+                *api._elem_strides(o),
+                *sizes[:3],
+                np.int64(n_rows),
+            ],
+        )
         np.testing.assert_array_equal(delta.view(np.uint32), own.view(np.uint32))
         exact = np.einsum("bshd,bshd->bhs", b.astype(np.float64), o.astype(np.float64))
         np.testing.assert_allclose(delta, exact, rtol=1e-5, atol=1e-5)
-        want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows,
-                            rowwise=(lse * np.float32(1.4426950408889634), delta), parts_as_rows=parts_as_rows)
+        want = staged_tiles(
+            staged_operands(operands, a, b),
+            precision,
+            staging.head_dim_pad,
+            rows,
+            rowwise=(lse * np.float32(1.4426950408889634), delta),
+            parts_as_rows=parts_as_rows,
+        )
     else:
         run(staging, blocks, [*views, staged, *api._elem_strides(a), *api._elem_strides(b), *sizes])
-        want = staged_tiles(staged_operands(operands, a, b), precision, staging.head_dim_pad, rows,
-                            parts_as_rows=parts_as_rows)
+        want = staged_tiles(
+            staged_operands(operands, a, b), precision, staging.head_dim_pad, rows, parts_as_rows=parts_as_rows
+        )
     np.testing.assert_array_equal(staged.view(np.uint32), want.view(np.uint32))
 
 

@@ -5,8 +5,14 @@ import math
 import numpy as np
 import pytest
 
-from cupyattn.reference import (attention_reference, causal_offset, delta_cancellation_error, logit_bound,
-                                round_to, tolerance)
+from cupyattn.reference import (
+    attention_reference,
+    causal_offset,
+    delta_cancellation_error,
+    logit_bound,
+    round_to,
+    tolerance,
+)
 
 
 def naive(q, k, v, causal, scale):

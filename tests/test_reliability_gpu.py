@@ -12,8 +12,7 @@ import pytest
 import cupyattn
 from cupyattn import compile as cc
 from cupyattn import testing
-from cupyattn.reference import (attention_backward_reference, attention_reference, logit_bound,
-                                round_to)
+from cupyattn.reference import attention_backward_reference, attention_reference, logit_bound, round_to
 
 pytestmark = pytest.mark.gpu
 
@@ -58,7 +57,7 @@ def test_nan_and_inf_in_keys_no_query_may_see_change_nothing(dtype, D):
     testing.poison(k2[:, Sq:])
     testing.poison(v2[:, Sq::2])
     inf_bits = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000}[dtype]
-    v2[:, Sq + 1::2].view(cupy.dtype(f"u{v2.itemsize}")).fill(inf_bits)
+    v2[:, Sq + 1 :: 2].view(cupy.dtype(f"u{v2.itemsize}")).fill(inf_bits)
     _assert_bitwise_equal(_fwd_bwd(q, k2, v2, dout, "top_left"), clean)
 
 
@@ -127,8 +126,9 @@ def test_runs_on_a_non_default_stream_while_another_is_busy_without_device_sync(
     refs = attention_backward_reference(host[3], *host[:3], causal=True)
     refs_p = attention_backward_reference(host[3], *host[:3], causal=True, precision=dtype)
     for name, g, r, rp in zip(("dq", "dk", "dv"), (dq, dk, dv), refs, refs_p):
-        cmp = testing.compare(testing.to_host(g), r, rp, dtype, S, factor=3.0,
-                              logit_bound=logit_bound(host[0], host[1]))
+        cmp = testing.compare(
+            testing.to_host(g), r, rp, dtype, S, factor=3.0, logit_bound=logit_bound(host[0], host[1])
+        )
         assert cmp.ok, f"{name}: {cmp}"
 
 
@@ -249,17 +249,16 @@ def test_arrays_over_2_31_elements():
     out, lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)
     grads = cupyattn.attention_backward(dout, q, k, v, out, lse, causal=True)
     for h in (0, H - 1):
-        host = [testing.to_host(x[:, :, h:h + 1]) for x in (q, k, v, dout)]
+        host = [testing.to_host(x[:, :, h : h + 1]) for x in (q, k, v, dout)]
         bound = logit_bound(host[0], host[1])
         ref, _ = attention_reference(*host[:3], causal=True)
         ref_p, _ = attention_reference(*host[:3], causal=True, precision=dtype)
-        cmp = testing.compare(testing.to_host(out[:, :, h:h + 1]), ref, ref_p, dtype, S, logit_bound=bound)
+        cmp = testing.compare(testing.to_host(out[:, :, h : h + 1]), ref, ref_p, dtype, S, logit_bound=bound)
         assert cmp.ok, f"head {h} out: {cmp}"
         refs = attention_backward_reference(host[3], *host[:3], causal=True)
         refs_p = attention_backward_reference(host[3], *host[:3], causal=True, precision=dtype)
         for name, g, r, rp in zip(("dq", "dk", "dv"), grads, refs, refs_p):
-            cmp = testing.compare(testing.to_host(g[:, :, h:h + 1]), r, rp, dtype, S, factor=3.0,
-                                  logit_bound=bound)
+            cmp = testing.compare(testing.to_host(g[:, :, h : h + 1]), r, rp, dtype, S, factor=3.0, logit_bound=bound)
             assert cmp.ok, f"head {h} {name}: {cmp}"
 
 
@@ -277,22 +276,21 @@ def test_fused_backward_keeps_nan_in_keys_no_query_may_see_out_of_dq():
         pytest.skip("the fused pass runs on sm_90")
     policy = P.Policy(wgmma_backward_min_rows=0)
     B, Sq, Sk, H, D = 2, 70, 200, 3, 64
-    problem = P.AttentionProblem("float32", D, D, True, B, H, H, Sq, Sk, precision=("tf32",),
-                                 deterministic=False)
+    problem = P.AttentionProblem("float32", D, D, True, B, H, H, Sq, Sk, precision=("tf32",), deterministic=False)
     assert P.plan_backward(problem, current_device(), policy).dq is None
     _, (q, k, v, dout) = _inputs([(B, Sq, H, D), (B, Sk, H, D), (B, Sk, H, D), (B, Sq, H, D)], "float32", 9)
 
     def grads(k, v):
-        out, lse = cupyattn.attention(q, k, v, causal="top_left", return_lse=True, precision="tf32",
-                                      policy=policy)
-        return cupyattn.attention_backward(dout, q, k, v, out, lse, causal="top_left", precision="tf32",
-                                           deterministic=False, policy=policy)
+        out, lse = cupyattn.attention(q, k, v, causal="top_left", return_lse=True, precision="tf32", policy=policy)
+        return cupyattn.attention_backward(
+            dout, q, k, v, out, lse, causal="top_left", precision="tf32", deterministic=False, policy=policy
+        )
 
     clean = grads(k, v)
     k2, v2 = k.copy(), v.copy()
     testing.poison(k2[:, Sq:])
     testing.poison(v2[:, Sq::2])
-    v2[:, Sq + 1::2].view(cupy.uint32).fill(0x7F800000)
+    v2[:, Sq + 1 :: 2].view(cupy.uint32).fill(0x7F800000)
     dq, dk, dv = grads(k2, v2)
     _assert_bitwise_equal([_bits(dk), _bits(dv)], [_bits(clean[1]), _bits(clean[2])], names=("dk", "dv"))
     assert bool(cupy.isfinite(dq).all()), "NaN or inf in keys no query sees reached dq"
@@ -313,8 +311,11 @@ def test_staged_tiles_stay_alive_until_their_kernel_is_launched(monkeypatch, pre
 
     if current_device().compute_capability != (9, 0):
         pytest.skip("tiles are staged for sm_90's wgmma kernels")
-    policy = P.Policy(tiles={"fwd_mma": (), "bwd_dkdv_mma": (), "bwd_dq_mma": ()},  # wgmma's tiles at a small size
-                      wgmma_backward_min_rows=0, fused_where={(precision, 64)})
+    policy = P.Policy(
+        tiles={"fwd_mma": (), "bwd_dkdv_mma": (), "bwd_dq_mma": ()},  # wgmma's tiles at a small size
+        wgmma_backward_min_rows=0,
+        fused_where={(precision, 64)},
+    )
     staged, checked = [], []
     stage_tiles, launch = api.stage_tiles, api._launch
 
@@ -336,11 +337,16 @@ def test_staged_tiles_stay_alive_until_their_kernel_is_launched(monkeypatch, pre
     _, (q, k, v, dout) = _inputs([(B, S, H, D)] * 4, "float32", 11)
     out, lse = cupyattn.attention(q, k, v, return_lse=True, precision=precision, policy=policy)
     for deterministic in (True, False):
-        cupyattn.attention_backward(dout, q, k, v, out, lse, precision=precision, deterministic=deterministic,
-                                    policy=policy)
+        cupyattn.attention_backward(
+            dout, q, k, v, out, lse, precision=precision, deterministic=deterministic, policy=policy
+        )
     # forward, dK/dV, dQ, fused: each reads tiles staged for it
-    assert [type(c).__name__ for c in checked] == ["FwdWgmmaConfig", "BwdDkdvWgmmaConfig", "BwdDqWgmmaConfig",
-                                                   "BwdFusedWgmmaConfig"], checked
+    assert [type(c).__name__ for c in checked] == [
+        "FwdWgmmaConfig",
+        "BwdDkdvWgmmaConfig",
+        "BwdDqWgmmaConfig",
+        "BwdFusedWgmmaConfig",
+    ], checked
 
 
 def test_reduced_suite_runs_without_a_memory_pool():
@@ -359,7 +365,8 @@ def test_reduced_suite_runs_without_a_memory_pool():
     lines = res.stdout.strip().splitlines()
     assert res.returncode == 0 and lines and lines[-1].startswith("sanitize cases:"), (
         f"exit {res.returncode}; last case started: "
-        f"{next((l for l in reversed(lines) if l.startswith('case:')), None)}\n{res.stderr[-2000:]}")
+        f"{next((l for l in reversed(lines) if l.startswith('case:')), None)}\n{res.stderr[-2000:]}"
+    )
 
 
 _GRID_SLOT_PROBE = r"""
@@ -385,9 +392,11 @@ def test_grid_slots_cover_every_tile_once_and_causal_grids_start_heaviest(num_ti
     heads, the last group short) hands out its tiles heaviest (rank 0) first."""
     import cupy
 
-    module = cupy.RawModule(code=cc.hashed_source(_GRID_SLOT_PROBE),
-                            options=cc.NVRTC_OPTIONS + (f"-I{cc.kernels_dir()}",),
-                            name_expressions=["grid_slots<false>", "grid_slots<true>"])
+    module = cupy.RawModule(
+        code=cc.hashed_source(_GRID_SLOT_PROBE),
+        options=cc.NVRTC_OPTIONS + (f"-I{cc.kernels_dir()}",),
+        name_expressions=["grid_slots<false>", "grid_slots<true>"],
+    )
     blocks = num_tiles * heads
     for causal in (False, True):
         slots = cupy.full(2 * blocks, -1, dtype=cupy.int32)
@@ -422,18 +431,35 @@ def test_causal_grids_of_several_head_groups_match_the_reference(path, causal):
     if mode:
         if current_device().compute_capability != (9, 0):
             pytest.skip("wgmma needs an sm_90 GPU")
-        policy = P.Policy(tiles={"fwd_mma": (), "bwd_dkdv_mma": (), "bwd_dq_mma": ()}, wgmma_forward_min_keys=0,
-                          wgmma_backward_min_rows=0, fused_where={(precision, 64)})
+        policy = P.Policy(
+            tiles={"fwd_mma": (), "bwd_dkdv_mma": (), "bwd_dq_mma": ()},
+            wgmma_forward_min_keys=0,
+            wgmma_backward_min_rows=0,
+            fused_where={(precision, 64)},
+        )
     B, Sq, Sk, Hq, Hkv, D = 3, 300, 257, 12, 12, 64
     deterministic = kernels != "fused"
     if mode:  # the kernels meant, not a fall-back
-        problem = P.AttentionProblem(dtype, D, D, causal, B, Hq, Hkv, Sq, Sk, precision=(precision,),
-                                     deterministic=deterministic)
+        problem = P.AttentionProblem(
+            dtype, D, D, causal, B, Hq, Hkv, Sq, Sk, precision=(precision,), deterministic=deterministic
+        )
         assert isinstance(P.plan_forward(problem, current_device(), policy).config, P.FwdWgmmaConfig)
         bwd = P.plan_backward(problem, current_device(), policy)
         assert isinstance(bwd.dkdv.config, P.BwdFusedWgmmaConfig if kernels == "fused" else P.BwdDkdvWgmmaConfig)
-    shape = dict(B=B, Sq=Sq, Sk=Sk, Hq=Hq, Hkv=Hkv, D=D, Dv=D, dtype=dtype, causal=causal,
-                 precision=precision, seed=21, policy=policy)
+    shape = dict(
+        B=B,
+        Sq=Sq,
+        Sk=Sk,
+        Hq=Hq,
+        Hkv=Hkv,
+        D=D,
+        Dv=D,
+        dtype=dtype,
+        causal=causal,
+        precision=precision,
+        seed=21,
+        policy=policy,
+    )
     run_and_check(**shape)
     run_backward_and_check(**shape, deterministic=deterministic)
 

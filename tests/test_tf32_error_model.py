@@ -38,7 +38,13 @@ def k_step_products(a, b):
     steps = range(0, a.shape[-1], 8)
     for i, k0 in enumerate(steps):
         k = slice(k0, k0 + 8)
-        yield i, i + 1 == len(steps), as_[..., k] @ bb[..., k, :], ab[..., k] @ bs[..., k, :], ab[..., k] @ bb[..., k, :]
+        yield (
+            i,
+            i + 1 == len(steps),
+            as_[..., k] @ bb[..., k, :],
+            ab[..., k] @ bs[..., k, :],
+            ab[..., k] @ bb[..., k, :],
+        )
 
 
 def product(a, b, per_k_step: bool):
@@ -84,7 +90,7 @@ def forward(q, k, v, rows, per_k_step: bool, block_n: int = 64):
     p = np.exp2((x - x.max(-1, keepdims=True)).astype(F32)).astype(F32)
     o = np.zeros(p.shape[:-1] + v.shape[-1:], F32)
     for n0 in range(0, p.shape[-1], block_n):
-        o = (o + product(p[..., n0:n0 + block_n], v[..., n0:n0 + block_n, :], per_k_step)).astype(F32)
+        o = (o + product(p[..., n0 : n0 + block_n], v[..., n0 : n0 + block_n, :], per_k_step)).astype(F32)
     return (o / p.sum(-1, dtype=F32, keepdims=True)).transpose(0, 2, 1, 3)
 
 
@@ -122,7 +128,10 @@ def test_wide_score_pairs_are_as_accurate_as_one_k_step_a_fresh_accumulator():
         def rms(x):
             return np.sqrt(((x.astype(np.float64) - ref) ** 2).mean())
 
-        per_k_step, wide, chain = (rms(product(a, b, per_k_step=True)), rms(wide_product(a, b)),
-                                   rms(product(a, b, per_k_step=False)))
+        per_k_step, wide, chain = (
+            rms(product(a, b, per_k_step=True)),
+            rms(wide_product(a, b)),
+            rms(product(a, b, per_k_step=False)),
+        )
         assert wide <= 1.1 * per_k_step, (D, wide, per_k_step)
         assert chain > 5 * wide, (D, chain, wide)

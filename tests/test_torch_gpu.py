@@ -38,8 +38,15 @@ def _grads(fn, inputs, dout):
 
 
 def _check(name, got, ref64, ref_same, dtype, seqlen, factor, bound):
-    cmp = testing.compare(got.double().cpu().numpy(), ref64.cpu().numpy(), ref_same.double().cpu().numpy(),
-                          str(dtype).replace("torch.", ""), seqlen, factor=factor, logit_bound=bound)
+    cmp = testing.compare(
+        got.double().cpu().numpy(),
+        ref64.cpu().numpy(),
+        ref_same.double().cpu().numpy(),
+        str(dtype).replace("torch.", ""),
+        seqlen,
+        factor=factor,
+        logit_bound=bound,
+    )
     assert cmp.ok, f"{name}: {cmp}"
 
 
@@ -49,20 +56,22 @@ def _check(name, got, ref64, ref_same, dtype, seqlen, factor, bound):
 def test_outputs_and_gradients_match_sdpa_math_in_float64(dtype, layout, shape):
     B, Hq, Hkv, Sq, Sk, D = shape
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, dout = (torch.randn(s, device="cuda", generator=g) for s in
-                     ((B, Hq, Sq, D), (B, Hkv, Sk, D), (B, Hkv, Sk, D), (B, Hq, Sq, D)))
+    q, k, v, dout = (
+        torch.randn(s, device="cuda", generator=g)
+        for s in ((B, Hq, Sq, D), (B, Hkv, Sk, D), (B, Hkv, Sk, D), (B, Hq, Sq, D))
+    )
     causal = Sq <= Sk  # top_left with Sq > Sk would leave rows that see no key
     to = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
 
     def ours(q_, k_, v_):
-        return to(ca_torch.attention(to(q_), to(k_), to(v_), causal="top_left" if causal else False,
-                                     layout=layout))
+        return to(ca_torch.attention(to(q_), to(k_), to(v_), causal="top_left" if causal else False, layout=layout))
 
     low = [x.to(dtype) for x in (q, k, v)]
     got = _grads(ours, low, dout.to(dtype))
     same = _grads(lambda a, b, c: _sdpa(a, b, c, causal), low, dout.to(dtype))
-    ref = _grads(lambda a, b, c: _sdpa(a, b, c, causal), [x.to(dtype).double() for x in (q, k, v)],
-                 dout.to(dtype).double())
+    ref = _grads(
+        lambda a, b, c: _sdpa(a, b, c, causal), [x.to(dtype).double() for x in (q, k, v)], dout.to(dtype).double()
+    )
     bound = logit_bound(*(x.to(dtype).float().transpose(1, 2).cpu().numpy() for x in (q, k)))
     for name, a, r, s, factor in zip(("out", "dq", "dk", "dv"), got, ref, same, (2.0, 3.0, 3.0, 3.0)):
         assert a.dtype == dtype and a.shape == r.shape
@@ -81,8 +90,7 @@ def test_tensors_reach_the_kernels_without_a_copy_and_outputs_are_torch_memory()
 
 
 def test_runs_on_torchs_current_stream():
-    q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.float16, requires_grad=True)
-               for _ in range(3))
+    q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -122,7 +130,8 @@ class _Block(torch.nn.Module):
             a = ca_torch.attention(q, k, v, causal="top_left", layout="bshd")
         else:
             a = torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            ).transpose(1, 2)
         x = x + self.proj(a.reshape(B, S, C))
         return x + self.mlp(self.norm2(x))
 
@@ -160,8 +169,10 @@ def test_precision_reaches_the_forward_and_the_backward(precision):
     got = _grads(lambda a, b, c: ca_torch.attention(a, b, c, causal=True, precision=precision), (q, k, v), dout)
     cq, ck, cv, cdo = (cupy.from_dlpack(x) for x in (q, k, v, dout))
     out, lse = cupyattn.attention(cq, ck, cv, causal=True, layout="bhsd", precision=precision, return_lse=True)
-    want = [out, *cupyattn.attention_backward(cdo, cq, ck, cv, out, lse, causal=True, layout="bhsd",
-                                              precision=precision)]
+    want = [
+        out,
+        *cupyattn.attention_backward(cdo, cq, ck, cv, out, lse, causal=True, layout="bhsd", precision=precision),
+    ]
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
         assert torch.equal(g, torch.from_dlpack(w)), name
     assert not torch.equal(got[0], ca_torch.attention(q, k, v, causal=True)), "the default mode's result"

@@ -13,8 +13,14 @@ from . import tiles as T
 from .mma import BwdDkdvMmaConfig, BwdDqMmaConfig, FwdMmaConfig, MmaConfig
 from .policy import Policy, resolve_policy
 from .problem import AttentionProblem, blocks_per_sm, mma_eligible, mma_head_dim_pad, pad_head_dim
-from .simt import (MAX_ACCUMULATORS_PER_LANE, BwdDeltaConfig, BwdDkdvSimtConfig, BwdDqSimtConfig, FwdSimtConfig,
-                   SimtConfig)
+from .simt import (
+    MAX_ACCUMULATORS_PER_LANE,
+    BwdDeltaConfig,
+    BwdDkdvSimtConfig,
+    BwdDqSimtConfig,
+    FwdSimtConfig,
+    SimtConfig,
+)
 from .wgmma import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, BwdFusedWgmmaConfig, FwdWgmmaConfig
 
 
@@ -172,8 +178,9 @@ def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_ro
     return _ordered(wgmma, mma, streamed_rows >= policy.wgmma_backward_min_rows_at(head_dim_pad))
 
 
-def _mma_candidates(cls, tiles, problem: AttentionProblem, device: DeviceSpec, max_block_m: int,
-                    max_block_n: int, precision: str) -> tuple[list, list]:
+def _mma_candidates(
+    cls, tiles, problem: AttentionProblem, device: DeviceSpec, max_block_m: int, max_block_n: int, precision: str
+) -> tuple[list, list]:
     """The tiles of ``tiles`` in ``precision`` that suit the problem's size and compile
     without spills on ``device`` (none unless ``mma_eligible`` and the kernel ``runs_on``
     the device), and (name, why) for those that would spill."""
@@ -199,8 +206,9 @@ def _next_pow2_at_least_8(n: int) -> int:
     return max(8, 1 << (max(1, n) - 1).bit_length())
 
 
-def _choose(kind: str, configs, problem: AttentionProblem, device: DeviceSpec, num_blocks,
-            register_skipped=(), rejected=()) -> Plan:
+def _choose(
+    kind: str, configs, problem: AttentionProblem, device: DeviceSpec, num_blocks, register_skipped=(), rejected=()
+) -> Plan:
     """Among ``configs`` (preference order) that fit the opt-in limit, the first that
     fills every SM with at least one block, else the fitting one with the most blocks."""
     limit = device.smem_per_block_optin
@@ -215,20 +223,23 @@ def _choose(kind: str, configs, problem: AttentionProblem, device: DeviceSpec, n
         tried = "\n".join(f"  {r.name_expression}: {r.smem_bytes} bytes" for r in rejected)
         raise PlanError(
             f"no {kind} configuration fits {device.name}: limit {limit} bytes of shared memory "
-            f"per block for {problem.dtype} head_dim={problem.head_dim}; tried:\n{tried}")
+            f"per block for {problem.dtype} head_dim={problem.head_dim}; tried:\n{tried}"
+        )
     for cfg in fitting:
         if num_blocks(cfg) >= device.sm_count:
-            reason = ("the most preferred tile that fits the opt-in limit and fills "
-                      f"{device.sm_count} SMs ({num_blocks(cfg)} blocks)")
+            reason = (
+                "the most preferred tile that fits the opt-in limit and fills "
+                f"{device.sm_count} SMs ({num_blocks(cfg)} blocks)"
+            )
             return Plan(cfg, device, problem, tuple(rejected), reason, tuple(register_skipped))
     cfg = max(fitting, key=num_blocks)
-    reason = (f"no fitting tile fills {device.sm_count} SMs; this one gives the most blocks "
-              f"({num_blocks(cfg)})")
+    reason = f"no fitting tile fills {device.sm_count} SMs; this one gives the most blocks ({num_blocks(cfg)})"
     return Plan(cfg, device, problem, tuple(rejected), reason, tuple(register_skipped))
 
 
-def _simt_candidates(cls, key: str, problem: AttentionProblem, max_block_m: int, max_block_n: int,
-                     policy: Policy) -> list:
+def _simt_candidates(
+    cls, key: str, problem: AttentionProblem, max_block_m: int, max_block_n: int, policy: Policy
+) -> list:
     """The CUDA-core tiles that suit the problem's size and keep their accumulators in
     registers (none where the policy leaves the family out)."""
     if not policy.allows("simt"):
@@ -248,8 +259,16 @@ def _query_tiles_blocks(problem: AttentionProblem):
     return lambda cfg: problem.batch * problem.heads_q * -(-max(1, problem.seqlen_q) // cfg.block_m)
 
 
-def _plan_pass(kind: str, families, simt: list, problem: AttentionProblem, device: DeviceSpec,
-               max_block_m: int, max_block_n: int, num_blocks) -> Plan:
+def _plan_pass(
+    kind: str,
+    families,
+    simt: list,
+    problem: AttentionProblem,
+    device: DeviceSpec,
+    max_block_m: int,
+    max_block_n: int,
+    num_blocks,
+) -> Plan:
     """Tensor cores in the first allowed precision mode that has a tile fitting the
     device's shared memory, else the CUDA-core tiles (float32 FFMA). ``families(precision)``
     gives the (config class, tiles) pairs in preference order (``_forward_families``,
@@ -290,9 +309,16 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec, policy: Policy |
     simt = _simt_candidates(FwdSimtConfig, "fwd_simt", problem, max_block_m, 64, policy)
     d_pad = mma_head_dim_pad(problem.head_dim)
     seen_k = problem.seqlen_k // 2 if problem.causal else problem.seqlen_k
-    return _plan_pass("forward", lambda precision: _forward_families(precision, d_pad, problem.causal, seen_k, policy),
-                      simt, problem, device, max_block_m, _next_pow2_at_least_8(problem.seqlen_k),
-                      _query_tiles_blocks(problem))
+    return _plan_pass(
+        "forward",
+        lambda precision: _forward_families(precision, d_pad, problem.causal, seen_k, policy),
+        simt,
+        problem,
+        device,
+        max_block_m,
+        _next_pow2_at_least_8(problem.seqlen_k),
+        _query_tiles_blocks(problem),
+    )
 
 
 def _delta_launch(problem: AttentionProblem, dkdv: Plan) -> BwdDeltaConfig | None:
@@ -313,48 +339,81 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec, policy: Policy 
     dq_simt = _simt_candidates(BwdDqSimtConfig, "bwd_dq_simt", problem, max_m, 64, policy)
     d_pad = mma_head_dim_pad(problem.head_dim)
     # Rows a block streams: queries for dK/dV, keys for dQ; about half of them when causal.
-    seen_q, seen_k = ((problem.seqlen_q, problem.seqlen_k) if not problem.causal
-                      else (problem.seqlen_q // 2, problem.seqlen_k // 2))
-    dkdv_blocks = lambda cfg: (problem.batch * problem.heads_kv
-                               * -(-max(1, problem.seqlen_k) // cfg.block_n))
-    if (not problem.deterministic and policy.allows("fused")
-            and seen_q >= policy.wgmma_backward_min_rows_at(d_pad)):
+    seen_q, seen_k = (
+        (problem.seqlen_q, problem.seqlen_k) if not problem.causal else (problem.seqlen_q // 2, problem.seqlen_k // 2)
+    )
+    dkdv_blocks = lambda cfg: problem.batch * problem.heads_kv * -(-max(1, problem.seqlen_k) // cfg.block_n)
+    if not problem.deterministic and policy.allows("fused") and seen_q >= policy.wgmma_backward_min_rows_at(d_pad):
         fused = _plan_fused(problem, device, max_m, max_n, dkdv_blocks, policy)
         if fused is not None:
             return BackwardPlan(delta=_delta_launch(problem, fused), dkdv=fused, dq=None)
-    dkdv = _plan_pass("backward dK/dV",
-                      lambda precision: _backward_families("dkdv", precision, d_pad, seen_q, policy),
-                      dkdv_simt, problem, device, max_m, max_n, dkdv_blocks)
+    dkdv = _plan_pass(
+        "backward dK/dV",
+        lambda precision: _backward_families("dkdv", precision, d_pad, seen_q, policy),
+        dkdv_simt,
+        problem,
+        device,
+        max_m,
+        max_n,
+        dkdv_blocks,
+    )
     return BackwardPlan(
         delta=_delta_launch(problem, dkdv),
         dkdv=dkdv,
-        dq=_plan_pass("backward dQ", lambda precision: _backward_families("dq", precision, d_pad, seen_k, policy),
-                      dq_simt, problem, device, max_m, max_n, _query_tiles_blocks(problem)),
+        dq=_plan_pass(
+            "backward dQ",
+            lambda precision: _backward_families("dq", precision, d_pad, seen_k, policy),
+            dq_simt,
+            problem,
+            device,
+            max_m,
+            max_n,
+            _query_tiles_blocks(problem),
+        ),
     )
 
 
-def _plan_fused(problem: AttentionProblem, device: DeviceSpec, max_m: int, max_n: int, num_blocks,
-                policy: Policy) -> Plan | None:
+def _plan_fused(
+    problem: AttentionProblem, device: DeviceSpec, max_m: int, max_n: int, num_blocks, policy: Policy
+) -> Plan | None:
     """The fused dK/dV/dQ pass in the first allowed precision mode, if a tile of it fits
     the device (none off sm_90 or outside the TF32 modes), else None."""
     where = (problem.precision[0], mma_head_dim_pad(problem.head_dim))
     if where not in policy.fused_where:
         return None
-    found, skipped = _mma_candidates(BwdFusedWgmmaConfig, policy.candidates("bwd_fused_wgmma")[0], problem, device,
-                                     max_m, max_n, problem.precision[0])
+    found, skipped = _mma_candidates(
+        BwdFusedWgmmaConfig,
+        policy.candidates("bwd_fused_wgmma")[0],
+        problem,
+        device,
+        max_m,
+        max_n,
+        problem.precision[0],
+    )
     if not any(cfg.layout.total <= device.smem_per_block_optin for cfg in found):
         return None
     plan = _choose("backward dK/dV/dQ", found, problem, device, num_blocks, skipped)
-    why = ("measured faster than two passes for "
-           f"{problem.precision[0]!r} at this head dim (plan.BWD_FUSED_WHERE_FASTER)"
-           if where in T.BWD_FUSED_WHERE_FASTER else "as the planner policy's fused_where asks")
-    why = (f"{plan.reason}; one pass for dK, dV and dQ (deterministic=False; dQ added to dq with float32 "
-           f"atomics, not bitwise reproducible), {why}")
+    why = (
+        f"measured faster than two passes for {problem.precision[0]!r} at this head dim (plan.BWD_FUSED_WHERE_FASTER)"
+        if where in T.BWD_FUSED_WHERE_FASTER
+        else "as the planner policy's fused_where asks"
+    )
+    why = (
+        f"{plan.reason}; one pass for dK, dV and dQ (deterministic=False; dQ added to dq with float32 "
+        f"atomics, not bitwise reproducible), {why}"
+    )
     return dataclasses.replace(plan, reason=why)
 
 
-def planned_configs(device: DeviceSpec, head_dims, dtypes, causals=(True,), precisions=(None,),
-                    seqlens=(4096,), policy: Policy | None = None) -> dict:
+def planned_configs(
+    device: DeviceSpec,
+    head_dims,
+    dtypes,
+    causals=(True,),
+    precisions=(None,),
+    seqlens=(4096,),
+    policy: Policy | None = None,
+) -> dict:
     """Every configuration (forward, delta, dK/dV, dQ) the planner picks on ``device``
     for B=4, H=16, S in ``seqlens`` at these head dims, dtypes, causal settings and
     (float32) precision modes, by name."""
@@ -362,7 +421,7 @@ def planned_configs(device: DeviceSpec, head_dims, dtypes, causals=(True,), prec
     for d in head_dims:
         for dtype in dtypes:
             for causal in causals:
-                for precision in (precisions if dtype == "float32" else (None,)):
+                for precision in precisions if dtype == "float32" else (None,):
                     for s in seqlens:
                         problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, s, s, precision=precision)
                         bwd = plan_backward(problem, device, policy)

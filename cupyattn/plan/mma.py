@@ -67,13 +67,14 @@ class MmaConfig:
     @functools.cached_property
     def name_expression(self) -> str:
         causal = "true" if self.causal else "false"
-        return (f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {MMA_OPS[self.precision]}, {self.head_dim_pad}, "
-                f"{self.block_m}, {self.block_n}, {self.num_warps}, {causal}>")
+        return (
+            f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {MMA_OPS[self.precision]}, {self.head_dim_pad}, "
+            f"{self.block_m}, {self.block_n}, {self.num_warps}, {causal}>"
+        )
 
     @property
     def layout_expression(self) -> str:
-        return (f"{self.LAYOUT}<{CXX_TYPES[self.staged_dtype]}, {self.head_dim_pad}, {self.block_m}, "
-                f"{self.block_n}>")
+        return f"{self.LAYOUT}<{CXX_TYPES[self.staged_dtype]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}>"
 
     def _tile(self, builder: LayoutBuilder, name: str, rows: int, stages: int = 1) -> LayoutBuilder:
         staged = self.staged_dtype
@@ -185,13 +186,16 @@ class FwdMmaConfig(MmaConfig):
         major, minor = compute_capability
         fp32 = self.float32_mode == "fp32"
         if compute_capability >= (10, 0) and (self.head_dim_pad > 96 or fp32):
-            return (f"two 16-row m-tiles per warp spill {'in 3xTF32' if fp32 else 'above head dim 96'} "
-                    f"on sm_{major}{minor}")
+            return (
+                f"two 16-row m-tiles per warp spill {'in 3xTF32' if fp32 else 'above head dim 96'} on sm_{major}{minor}"
+            )
         weighted = self.m_tiles * (self.head_dim_pad + 2 * self.block_n) // 2
         limit = 128 if fp32 else 192  # 3xTF32: (64, 128, 64, 4) spills above 128
         if weighted > limit:
-            return (f"two 16-row m-tiles per warp: {weighted} accumulators per lane counting the "
-                    f"scores twice, over the spill-free budget of {limit}")
+            return (
+                f"two 16-row m-tiles per warp: {weighted} accumulators per lane counting the "
+                f"scores twice, over the spill-free budget of {limit}"
+            )
         return None
 
 
@@ -213,13 +217,19 @@ class BwdDkdvMmaConfig(MmaConfig):
         """How the block's warps share its keys, where not one owner each (explain shows it)."""
         if self.d_split == 1:
             return None
-        return (f"two warps share each 16 keys, each keeping dK's and dV's {self.head_dim_pad // 2} of "
-                f"{self.head_dim_pad} columns; both compute S^T and dP^T")
+        return (
+            f"two warps share each 16 keys, each keeping dK's and dV's {self.head_dim_pad // 2} of "
+            f"{self.head_dim_pad} columns; both compute S^T and dP^T"
+        )
 
     @property
     def valid(self) -> bool:
-        return (self.block_n % 16 == 0 and self.num_warps * 16 == self.block_n * self.d_split
-                and self.head_dim_pad % (16 * self.d_split) == 0 and self.block_m % 16 == 0)
+        return (
+            self.block_n % 16 == 0
+            and self.num_warps * 16 == self.block_n * self.d_split
+            and self.head_dim_pad % (16 * self.d_split) == 0
+            and self.block_m % 16 == 0
+        )
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
@@ -227,9 +237,11 @@ class BwdDkdvMmaConfig(MmaConfig):
         b = self._tile(b, "v_tile", self.block_n)
         b = self._tile(b, "q_tile", self.block_m, self.STAGES)
         b = self._tile(b, "do_tile", self.block_m, self.STAGES)
-        return (b.add("lse_tile", (self.STAGES, self.block_m), "float32", "lse * log2(e) per query row")
-                .add("delta_tile", (self.STAGES, self.block_m), "float32", "rowsum(dO * O) per query row")
-                .build())
+        return (
+            b.add("lse_tile", (self.STAGES, self.block_m), "float32", "lse * log2(e) per query row")
+            .add("delta_tile", (self.STAGES, self.block_m), "float32", "rowsum(dO * O) per query row")
+            .build()
+        )
 
     BUDGET_SM90: ClassVar[int] = 192  # (64, 64, 4) at head dim 128 fits in 255 registers
     BUDGET_SM100: ClassVar[int] = 80
@@ -245,8 +257,10 @@ class BwdDkdvMmaConfig(MmaConfig):
     def register_load(self) -> tuple[int, str]:
         if self.float32_mode != "fp32":
             return super().register_load
-        return (self.head_dim_pad // self.d_split + 2 * self.block_m,
-                "float32 accumulators per lane counting S^T and dP^T twice (3xTF32)")
+        return (
+            self.head_dim_pad // self.d_split + 2 * self.block_m,
+            "float32 accumulators per lane counting S^T and dP^T twice (3xTF32)",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,5 +298,7 @@ class BwdDqMmaConfig(MmaConfig):
     def register_load(self) -> tuple[int, str]:
         if self.float32_mode != "fp32":
             return super().register_load
-        return ((self.head_dim_pad + 3 * self.block_n) // 2,
-                "float32 accumulators per lane counting S and dP one and a half times (3xTF32)")
+        return (
+            (self.head_dim_pad + 3 * self.block_n) // 2,
+            "float32 accumulators per lane counting S and dP one and a half times (3xTF32)",
+        )

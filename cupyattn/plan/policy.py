@@ -18,10 +18,16 @@ FAMILIES = ("simt", "mma", "wgmma", "fused")
 
 # Each family's candidate tiles by the key a policy overrides them with.
 TILE_KEYS = {
-    "fwd_simt": T.FWD_SIMT_TILES, "bwd_dkdv_simt": T.BWD_DKDV_SIMT_TILES, "bwd_dq_simt": T.FWD_SIMT_TILES,
-    "fwd_mma": T.FWD_MMA_TILES, "bwd_dkdv_mma": T.BWD_DKDV_MMA_TILES, "bwd_dq_mma": T.BWD_DQ_MMA_TILES,
-    "fwd_wgmma": T.FWD_WGMMA_TILES, "bwd_dkdv_wgmma": T.BWD_DKDV_WGMMA_TILES,
-    "bwd_dq_wgmma": T.BWD_DQ_WGMMA_TILES, "bwd_fused_wgmma": T.BWD_FUSED_WGMMA_TILES,
+    "fwd_simt": T.FWD_SIMT_TILES,
+    "bwd_dkdv_simt": T.BWD_DKDV_SIMT_TILES,
+    "bwd_dq_simt": T.FWD_SIMT_TILES,
+    "fwd_mma": T.FWD_MMA_TILES,
+    "bwd_dkdv_mma": T.BWD_DKDV_MMA_TILES,
+    "bwd_dq_mma": T.BWD_DQ_MMA_TILES,
+    "fwd_wgmma": T.FWD_WGMMA_TILES,
+    "bwd_dkdv_wgmma": T.BWD_DKDV_WGMMA_TILES,
+    "bwd_dq_wgmma": T.BWD_DQ_WGMMA_TILES,
+    "bwd_fused_wgmma": T.BWD_FUSED_WGMMA_TILES,
 }
 
 _THRESHOLDS = ("wgmma_forward_min_keys", "wgmma_backward_min_rows", "wgmma_backward_min_rows_from_128")
@@ -30,8 +36,9 @@ _THRESHOLDS = ("wgmma_forward_min_keys", "wgmma_backward_min_rows", "wgmma_backw
 def _tile(key: str, tile) -> tuple[int, int, int]:
     t = tuple(tile) if isinstance(tile, (tuple, list)) else ()
     if len(t) != 3 or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) and x > 0 for x in t):
-        raise ValueError(f"tiles[{key!r}]: expected (block_m, block_n, num_warps) triples of positive ints, "
-                         f"got {tile!r}")
+        raise ValueError(
+            f"tiles[{key!r}]: expected (block_m, block_n, num_warps) triples of positive ints, got {tile!r}"
+        )
     return tuple(int(x) for x in t)
 
 
@@ -78,8 +85,7 @@ class Policy:
             if key in overrides:
                 raise ValueError(f"tiles: {key!r} given twice")
             if isinstance(tiles, (str, bytes)) or not hasattr(tiles, "__iter__"):
-                raise ValueError(f"tiles[{key!r}]: expected a sequence of (block_m, block_n, num_warps), "
-                                 f"got {tiles!r}")
+                raise ValueError(f"tiles[{key!r}]: expected a sequence of (block_m, block_n, num_warps), got {tiles!r}")
             overrides[key] = tuple(_tile(key, t) for t in tiles)
         set_("tiles", tuple(sorted(overrides.items())))
         for name in _THRESHOLDS:
@@ -89,11 +95,18 @@ class Policy:
             set_(name, int(value))
         where = set()
         for pair in self.fused_where if not isinstance(self.fused_where, str) else (self.fused_where,):
-            ok = (isinstance(pair, (tuple, list)) and len(pair) == 2 and pair[0] in PRECISIONS
-                  and isinstance(pair[1], numbers.Integral) and not isinstance(pair[1], bool))
+            ok = (
+                isinstance(pair, (tuple, list))
+                and len(pair) == 2
+                and pair[0] in PRECISIONS
+                and isinstance(pair[1], numbers.Integral)
+                and not isinstance(pair[1], bool)
+            )
             if not ok:
-                raise ValueError(f"fused_where: expected (precision, padded head dim) pairs, precision one of "
-                                 f"{PRECISIONS}, got {self.fused_where!r}")
+                raise ValueError(
+                    f"fused_where: expected (precision, padded head dim) pairs, precision one of "
+                    f"{PRECISIONS}, got {self.fused_where!r}"
+                )
             where.add((pair[0], int(pair[1])))
         set_("fused_where", frozenset(where))
 

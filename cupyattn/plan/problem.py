@@ -19,12 +19,20 @@ MAX_HEAD_DIM = 256
 #   "bf16", "fp16"  operands staged in shared memory as bfloat16 / float16 (half
 #           the shared memory of float32), float32 in and out.
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-PRECISION_TEXT = {"fp32": "3xTF32 (float32 accuracy)", "tf32": "one TF32 pass",
-                  "bf16": "bfloat16 operands", "fp16": "float16 operands"}
+PRECISION_TEXT = {
+    "fp32": "3xTF32 (float32 accuracy)",
+    "tf32": "one TF32 pass",
+    "bf16": "bfloat16 operands",
+    "fp16": "float16 operands",
+}
 NATIVE_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 # The operand policy (kernels/mma.cuh) and shared-memory dtype of each mode.
-MMA_OPS = {"fp16": "cupyattn::MmaHalf<__half>", "bf16": "cupyattn::MmaHalf<__nv_bfloat16>",
-           "tf32": "cupyattn::MmaTf32<1>", "fp32": "cupyattn::MmaTf32<3>"}
+MMA_OPS = {
+    "fp16": "cupyattn::MmaHalf<__half>",
+    "bf16": "cupyattn::MmaHalf<__nv_bfloat16>",
+    "tf32": "cupyattn::MmaTf32<1>",
+    "fp32": "cupyattn::MmaTf32<3>",
+}
 STAGED_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "fp32": "float32"}
 
 
@@ -40,11 +48,12 @@ def parse_precision(precision, dtype: str) -> tuple[str, ...]:
         return (native,)
     modes = (precision,) if isinstance(precision, str) else tuple(precision)
     if not modes or any(m not in PRECISIONS for m in modes):
-        raise ValueError(f"precision: expected None, one of {PRECISIONS} or a sequence of them, "
-                         f"got {precision!r}")
+        raise ValueError(f"precision: expected None, one of {PRECISIONS} or a sequence of them, got {precision!r}")
     if dtype != "float32" and modes != (native,):
-        raise ValueError(f"precision: {dtype} inputs compute with {native!r} operands; got {precision!r} "
-                         "(precision modes apply to float32 inputs)")
+        raise ValueError(
+            f"precision: {dtype} inputs compute with {native!r} operands; got {precision!r} "
+            "(precision modes apply to float32 inputs)"
+        )
     return tuple(dict.fromkeys(modes))
 
 
@@ -105,9 +114,12 @@ def mma_eligible(problem: AttentionProblem, device: DeviceSpec) -> bool:
     """Whether the tensor-core kernels can run this problem on this device: sm_80+,
     head_dim == head_dim_v, a multiple of 8, 16-byte aligned rows (every precision
     mode, float32 inputs included)."""
-    return (device.compute_capability >= (8, 0)
-            and problem.head_dim == problem.head_dim_v and problem.head_dim % 8 == 0
-            and problem.aligned)
+    return (
+        device.compute_capability >= (8, 0)
+        and problem.head_dim == problem.head_dim_v
+        and problem.head_dim % 8 == 0
+        and problem.aligned
+    )
 
 
 def blocks_per_sm(smem_bytes: int, threads: int, device: DeviceSpec) -> int:

@@ -49,13 +49,17 @@ class SimtConfig:
     @functools.cached_property
     def name_expression(self) -> str:
         causal = "true" if self.causal else "false"
-        return (f"{self.KERNEL}<{self._cxx_type}, {self.head_dim_pad}, {self.head_dim_v_pad}, "
-                f"{self.block_m}, {self.block_n}, {self.num_warps}, {causal}>")
+        return (
+            f"{self.KERNEL}<{self._cxx_type}, {self.head_dim_pad}, {self.head_dim_v_pad}, "
+            f"{self.block_m}, {self.block_n}, {self.num_warps}, {causal}>"
+        )
 
     @property
     def layout_expression(self) -> str:
-        return (f"{self.LAYOUT}<{self._cxx_type}, {self.head_dim_pad}, {self.head_dim_v_pad}, "
-                f"{self.block_m}, {self.block_n}>")
+        return (
+            f"{self.LAYOUT}<{self._cxx_type}, {self.head_dim_pad}, {self.head_dim_v_pad}, "
+            f"{self.block_m}, {self.block_n}>"
+        )
 
     def _words_per_lane(self, dim_pad: int) -> int:
         return -(-(dim_pad // self.vec) // 32)
@@ -76,11 +80,13 @@ class FwdSimtConfig(SimtConfig):
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
-        return (LayoutBuilder()
-                .add("q_tile", (self.block_m, self.head_dim_pad), self.dtype)
-                .add("k_tile", (self.block_n, self.head_dim_pad + self.vec), self.dtype, _PADDED)
-                .add("v_tile", (self.block_n, self.head_dim_v_pad), self.dtype)
-                .build())
+        return (
+            LayoutBuilder()
+            .add("q_tile", (self.block_m, self.head_dim_pad), self.dtype)
+            .add("k_tile", (self.block_n, self.head_dim_pad + self.vec), self.dtype, _PADDED)
+            .add("v_tile", (self.block_n, self.head_dim_v_pad), self.dtype)
+            .build()
+        )
 
     @property
     def accumulators_per_lane(self) -> int:  # O for block_m / num_warps rows
@@ -97,12 +103,14 @@ class BwdDkdvSimtConfig(SimtConfig):
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
-        return (LayoutBuilder()
-                .add("k_tile", (self.block_n, self.head_dim_pad), self.dtype)
-                .add("v_tile", (self.block_n, self.head_dim_v_pad), self.dtype)
-                .add("q_tile", (self.block_m, self.head_dim_pad + self.vec), self.dtype, _PADDED)
-                .add("do_tile", (self.block_m, self.head_dim_v_pad + self.vec), self.dtype, _PADDED)
-                .build())
+        return (
+            LayoutBuilder()
+            .add("k_tile", (self.block_n, self.head_dim_pad), self.dtype)
+            .add("v_tile", (self.block_n, self.head_dim_v_pad), self.dtype)
+            .add("q_tile", (self.block_m, self.head_dim_pad + self.vec), self.dtype, _PADDED)
+            .add("do_tile", (self.block_m, self.head_dim_v_pad + self.vec), self.dtype, _PADDED)
+            .build()
+        )
 
     @property
     def accumulators_per_lane(self) -> int:  # dK and dV for block_n / num_warps keys
@@ -120,12 +128,14 @@ class BwdDqSimtConfig(SimtConfig):
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
-        return (LayoutBuilder()
-                .add("q_tile", (self.block_m, self.head_dim_pad), self.dtype)
-                .add("do_tile", (self.block_m, self.head_dim_v_pad), self.dtype)
-                .add("k_tile", (self.block_n, self.head_dim_pad + self.vec), self.dtype, _PADDED)
-                .add("v_tile", (self.block_n, self.head_dim_v_pad + self.vec), self.dtype, _PADDED)
-                .build())
+        return (
+            LayoutBuilder()
+            .add("q_tile", (self.block_m, self.head_dim_pad), self.dtype)
+            .add("do_tile", (self.block_m, self.head_dim_v_pad), self.dtype)
+            .add("k_tile", (self.block_n, self.head_dim_pad + self.vec), self.dtype, _PADDED)
+            .add("v_tile", (self.block_n, self.head_dim_v_pad + self.vec), self.dtype, _PADDED)
+            .build()
+        )
 
     @property
     def accumulators_per_lane(self) -> int:  # dQ for block_m / num_warps rows

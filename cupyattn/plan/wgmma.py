@@ -74,18 +74,26 @@ class WgmmaConfig:
         if not self.PRODUCER_RULE:
             return self.layout_expression
         op = MMA_OPS[self.precision]
-        return self._layout_with(f", {self.PRODUCER_RULE}<{op}, {self.head_dim_pad}, {self.block_m}, "
-                                 f"{self.block_n}, {self.num_warps}>()")
+        return self._layout_with(
+            f", {self.PRODUCER_RULE}<{op}, {self.head_dim_pad}, {self.block_m}, {self.block_n}, {self.num_warps}>()"
+        )
 
     def _layout_with(self, producer: str) -> str:
-        return (f"{self.LAYOUT}<{MMA_OPS[self.precision]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}"
-                f"{producer}>")
+        return (
+            f"{self.LAYOUT}<{MMA_OPS[self.precision]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}{producer}>"
+        )
 
     def _valid_tile(self, owned: int, streamed: int) -> bool:
         """What the kernels' static_asserts accept: float32 in a TF32 mode, 64 owned rows
         (queries or keys) a warpgroup, a streamed tile wgmma.cuh has an n-size for."""
-        return (self.dtype == "float32" and self.precision in ("fp32", "tf32") and self.num_warps % 4 == 0
-                and owned == 16 * self.num_warps and streamed in (16, 32, 64) and self.head_dim_pad % 16 == 0)
+        return (
+            self.dtype == "float32"
+            and self.precision in ("fp32", "tf32")
+            and self.num_warps % 4 == 0
+            and owned == 16 * self.num_warps
+            and streamed in (16, 32, 64)
+            and self.head_dim_pad % 16 == 0
+        )
 
     @property
     def _parts_text(self) -> str:
@@ -96,8 +104,10 @@ class WgmmaConfig:
         """How the staged tiles hold their parts (``staging.parts_as_rows``: the row tiles'
         small parts as rows 16-31, the B operands of n32 score products)."""
         if self.score_parts_as_rows:
-            return (f"{self._parts_text} in core-matrix order, the row tiles' small parts as their rows "
-                    f"16-31 (one n32 wgmma takes big x (big | small) in the score products)")
+            return (
+                f"{self._parts_text} in core-matrix order, the row tiles' small parts as their rows "
+                f"16-31 (one n32 wgmma takes big x (big | small) in the score products)"
+            )
         return f"{self._parts_text} in core-matrix order"
 
     def _tf32_tile(self, builder: LayoutBuilder, name: str, shape: tuple, what: str = "") -> LayoutBuilder:
@@ -114,8 +124,11 @@ class WgmmaConfig:
         """The two tiles (rows x head_dim_pad) a block keeps for the whole launch: float32
         words in register A order (``as_words``), else TF32 parts in core-matrix order."""
         if not as_words:
-            return self._tf32_tile(self._tf32_tile(LayoutBuilder(), names[0], (rows, self.head_dim_pad)), names[1],
-                                   (rows, self.head_dim_pad))
+            return self._tf32_tile(
+                self._tf32_tile(LayoutBuilder(), names[0], (rows, self.head_dim_pad)),
+                names[1],
+                (rows, self.head_dim_pad),
+            )
         words = "float32 in each lane's wgmma A-register order, split into TF32 parts per k-step in registers"
         b = LayoutBuilder()
         for name in names:
@@ -131,8 +144,9 @@ class WgmmaConfig:
         """Two stages of staged tiles (and their mbarriers) fit beside ``kept_bytes``."""
         return kept_bytes + 2 * (self.stage_bytes + self.BARRIERS * 8) <= SM90_SMEM_PER_BLOCK
 
-    def _staged_tiles(self, builder: LayoutBuilder, name: str, what: str, shape: tuple,
-                      free_barriers: bool = False) -> LayoutBuilder:
+    def _staged_tiles(
+        self, builder: LayoutBuilder, name: str, what: str, shape: tuple, free_barriers: bool = False
+    ) -> LayoutBuilder:
         """After the tiles a block keeps: one or two copies of the tile ``staging`` writes
         (two where they fit; kernels/wgmma_staging.cuh, stages_that_fit), and the
         mbarriers that count its bytes (BARRIERS per stage: the operands that land apart;
@@ -141,15 +155,29 @@ class WgmmaConfig:
         two = self._two_stages_fit(builder.end)
         stages = 2 if two else 1
         how = f"copied whole (cp.async.bulk) from {self.staging.kernel_name}'s tiles"
-        builder = builder.add(name, (stages, *shape), "float32",
-                              f"{stages} stage{'s' if two else ''} of {what}; {self._staged_parts_text}, {how}")
+        builder = builder.add(
+            name,
+            (stages, *shape),
+            "float32",
+            f"{stages} stage{'s' if two else ''} of {what}; {self._staged_parts_text}, {how}",
+        )
         if stages == 1 and self.SPLIT_ONE_STAGE:
             if free_barriers:
-                return builder.add("barriers", (1, 4), "uint64", f"mbarriers: the stage's two parts "
-                                   f"({self.SPLIT_ONE_STAGE}) have landed; each is free again (the producer "
-                                   f"warpgroup's cue)")
-            return builder.add("barriers", (1, 2), "uint64", f"mbarriers: the stage's two parts "
-                               f"({self.SPLIT_ONE_STAGE}) have landed (each copied while the other is in use)")
+                return builder.add(
+                    "barriers",
+                    (1, 4),
+                    "uint64",
+                    f"mbarriers: the stage's two parts "
+                    f"({self.SPLIT_ONE_STAGE}) have landed; each is free again (the producer "
+                    f"warpgroup's cue)",
+                )
+            return builder.add(
+                "barriers",
+                (1, 2),
+                "uint64",
+                f"mbarriers: the stage's two parts "
+                f"({self.SPLIT_ONE_STAGE}) have landed (each copied while the other is in use)",
+            )
         return builder.add("barriers", (stages, self.BARRIERS), "uint64", "mbarriers: a stage's copies have landed")
 
 
@@ -184,13 +212,17 @@ class FwdWgmmaConfig(WgmmaConfig, FwdMmaConfig):
     def layout(self) -> Layout:
         d, n = self.head_dim_pad, self.block_n
         if self.q_in_registers:
-            b = LayoutBuilder().add("q_tile", (1, self.block_m, d), "float32",
-                                    "float32 in each lane's wgmma A-register order, split into TF32 parts "
-                                    "per k-step in registers")
+            b = LayoutBuilder().add(
+                "q_tile",
+                (1, self.block_m, d),
+                "float32",
+                "float32 in each lane's wgmma A-register order, split into TF32 parts per k-step in registers",
+            )
         else:
             b = self._tf32_tile(LayoutBuilder(), "q_tile", (self.block_m, d))
-        return self._staged_tiles(b, "kv_tiles", "a key tile's K and V^T (V transposed: TF32 B operands "
-                                  "are K-major)", (2, self.parts, n, d)).build()
+        return self._staged_tiles(
+            b, "kv_tiles", "a key tile's K and V^T (V transposed: TF32 B operands are K-major)", (2, self.parts, n, d)
+        ).build()
 
     @property
     def accumulators_per_lane(self) -> int:  # O (head_dim), S and its two k-step accumulators
@@ -206,8 +238,10 @@ class FwdWgmmaConfig(WgmmaConfig, FwdMmaConfig):
         if self.q_in_registers and self.num_warps == 16:
             return "3xTF32 with Q in registers spills at 16 warps (128 registers a lane)"
         if self.q_in_registers and self.num_warps == 12 and self.head_dim_pad + 2 * self.block_n > 208:
-            return ("3xTF32 with Q in registers spills at 12 warps (168 registers a lane) where head dim + "
-                    "2 x keys a tile exceeds 208")
+            return (
+                "3xTF32 with Q in registers spills at 12 warps (168 registers a lane) where head dim + "
+                "2 x keys a tile exceeds 208"
+            )
         return None
 
 
@@ -229,32 +263,55 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
 
     @property
     def valid(self) -> bool:
-        return (self._valid_tile(owned=self.block_n * self.d_split, streamed=self.block_m) and self.d_split in (1, 2)
-                and self.block_n % 64 == 0 and self.head_dim_pad % (16 * self.d_split) == 0)
+        return (
+            self._valid_tile(owned=self.block_n * self.d_split, streamed=self.block_m)
+            and self.d_split in (1, 2)
+            and self.block_n % 64 == 0
+            and self.head_dim_pad % (16 * self.d_split) == 0
+        )
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
         d, m = self.head_dim_pad, self.block_m
         if self.ring:
-            return self._kept_tiles().add(
-                "q_tiles", (3, self.parts * m * d + 2 * m), "float32", "a ring of 3 slots of one operand tile each, "
-                f"through which a query tile's dO, Q, dO^T (with lse * log2(e) and delta per row) and Q^T pass in "
-                f"turn, each slot refilled once its tile is used; {self._staged_parts_text}, "
-                f"copied (cp.async.bulk) from {self.staging.kernel_name}'s tiles").add(
-                "barriers", (1, 6 if self.producer_warp else 3), "uint64", "mbarriers: a ring slot's tile has landed"
-                + ("; a slot is free again (the producer warpgroup's cue)" if self.producer_warp else "")).build()
-        return self._staged_tiles(self._kept_tiles(), "q_tiles", "a query tile's Q, dO, Q^T and dO^T "
-                                  "(transposed: the B operands of dK = dS^T Q and dV = P^T dO), then "
-                                  "lse * log2(e) and delta per row", (4 * self.parts * m * d + 2 * m,)).build()
+            return (
+                self._kept_tiles()
+                .add(
+                    "q_tiles",
+                    (3, self.parts * m * d + 2 * m),
+                    "float32",
+                    "a ring of 3 slots of one operand tile each, "
+                    f"through which a query tile's dO, Q, dO^T (with lse * log2(e) and delta per row) and Q^T pass in "
+                    f"turn, each slot refilled once its tile is used; {self._staged_parts_text}, "
+                    f"copied (cp.async.bulk) from {self.staging.kernel_name}'s tiles",
+                )
+                .add(
+                    "barriers",
+                    (1, 6 if self.producer_warp else 3),
+                    "uint64",
+                    "mbarriers: a ring slot's tile has landed"
+                    + ("; a slot is free again (the producer warpgroup's cue)" if self.producer_warp else ""),
+                )
+                .build()
+            )
+        return self._staged_tiles(
+            self._kept_tiles(),
+            "q_tiles",
+            "a query tile's Q, dO, Q^T and dO^T "
+            "(transposed: the B operands of dK = dS^T Q and dV = P^T dO), then "
+            "lse * log2(e) and delta per row",
+            (4 * self.parts * m * d + 2 * m,),
+        ).build()
 
     @property
     def work_split(self) -> str | None:
         if self.d_split == 1:
             return None
-        return (f"two warpgroups share each 64 keys, each keeping dK's and dV's {self.head_dim_pad // 2} of "
-                f"{self.head_dim_pad} columns; the first computes S^T, the second dP^T, and they swap them "
-                f"through shared memory" + ("; a third warpgroup issues the ring's copies" if self.producer_warp
-                                            else ""))
+        return (
+            f"two warpgroups share each 64 keys, each keeping dK's and dV's {self.head_dim_pad // 2} of "
+            f"{self.head_dim_pad} columns; the first computes S^T, the second dP^T, and they swap them "
+            f"through shared memory" + ("; a third warpgroup issues the ring's copies" if self.producer_warp else "")
+        )
 
     @property
     def producer_warp(self) -> bool:
@@ -299,8 +356,9 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         # Q's and dO's row tiles with their small parts as rows 16-31, so that the score
         # products take big x (big | small) as one n32 wgmma (wgmma_tiles.cuh, words_by_rows).
         parts_as_rows = self.parts == 2 and self.block_m == 16 and self.kv_in_registers
-        return StagingConfig("dkdv queries", self.precision, self.head_dim_pad, self.block_m,
-                             parts_as_rows=parts_as_rows)
+        return StagingConfig(
+            "dkdv queries", self.precision, self.head_dim_pad, self.block_m, parts_as_rows=parts_as_rows
+        )
 
     @property
     def accumulators_per_lane(self) -> int:  # dK, dV (head_dim / d_split each), S^T and dP^T (block_m each)
@@ -311,10 +369,10 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         # rules catch every one that spills (tests/test_compile.py compiles the planned ones).
         if self.head_dim_pad // self.d_split >= 208:
             return "dK and dV (head_dim / 2 / d_split accumulators a lane each) spill from head dim 208 a warpgroup"
-        if self.num_warps == 16 and (self.precision == "fp32"
-                                     or self.head_dim_pad >= (80 if self.block_m == 16 else 64)):
-            return ("16 warps leave 128 registers a lane: spills in 3xTF32, and from head dim 64 "
-                    "(16-query tiles: 80)")
+        if self.num_warps == 16 and (
+            self.precision == "fp32" or self.head_dim_pad >= (80 if self.block_m == 16 else 64)
+        ):
+            return "16 warps leave 128 registers a lane: spills in 3xTF32, and from head dim 64 (16-query tiles: 80)"
         if self.num_warps == 12 and self.head_dim_pad >= (32 if self.precision == "fp32" else 112):
             return "12 warps leave 168 registers a lane: spills in 3xTF32 from head dim 32, else from 112"
         # The ring computes S^T and dP^T one after the other, which leaves it more registers.
@@ -323,8 +381,10 @@ class BwdDkdvWgmmaConfig(WgmmaConfig, BwdDkdvMmaConfig):
         # K and V as words take a k-step's A operands in registers too.
         words_limit = 192 if self.ring else 160
         if self.kv_in_registers and self.head_dim_pad // self.d_split + 2 * self.block_m > words_limit:
-            return (f"3xTF32 with K and V words spills where head_dim / d_split + 2 x block_m > {words_limit}"
-                    f"{' (products one at a time through the ring)' if self.ring else ''}")
+            return (
+                f"3xTF32 with K and V words spills where head_dim / d_split + 2 x block_m > {words_limit}"
+                f"{' (products one at a time through the ring)' if self.ring else ''}"
+            )
         if self.block_m == 32 and self.head_dim_pad // self.d_split >= 192:
             return "32-query tiles spill from 192 head-dim columns a warpgroup"
         if self.parts == 1 and self.block_m == 64 and not self.ring and self.head_dim_pad // self.d_split >= 144:
@@ -354,8 +414,12 @@ class BwdFusedWgmmaConfig(BwdDkdvWgmmaConfig):
     def _kept_tiles(self) -> LayoutBuilder:  # dK/dV's K and V, then K^T and the dS tiles
         d, m, n = self.head_dim_pad, self.block_m, self.block_n
         b = self._tf32_tile(super()._kept_tiles(), "kt_tile", (d, n), "K transposed: the A operand of dQ^T = K^T dS^T")
-        return b.add("ds_tiles", (n // 64, self.parts, m, 64), "float32", "each warpgroup's dS (its 64 keys), the B "
-                     f"operand of dQ^T; {self._parts_text} in core-matrix order")
+        return b.add(
+            "ds_tiles",
+            (n // 64, self.parts, m, 64),
+            "float32",
+            f"each warpgroup's dS (its 64 keys), the B operand of dQ^T; {self._parts_text} in core-matrix order",
+        )
 
     @property
     def accumulators_per_lane(self) -> int:  # dK, dV (head_dim each), S^T and dP^T, dQ^T (block_m each)
@@ -390,9 +454,11 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
     def work_split(self) -> str | None:
         if self.d_split == 1:
             return None
-        return (f"two warpgroups share the 64 query rows, each keeping dQ's {self.head_dim_pad // 2} of "
-                f"{self.head_dim_pad} columns; the first computes S, the second dP, and they swap them "
-                f"through shared memory" + ("; a third warpgroup issues the copies" if self.producer_warp else ""))
+        return (
+            f"two warpgroups share the 64 query rows, each keeping dQ's {self.head_dim_pad // 2} of "
+            f"{self.head_dim_pad} columns; the first computes S, the second dP, and they swap them "
+            f"through shared memory" + ("; a third warpgroup issues the copies" if self.producer_warp else "")
+        )
 
     @functools.cached_property
     def producer_warp(self) -> bool:
@@ -403,9 +469,11 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
 
     @property
     def valid(self) -> bool:
-        return (self._valid_tile(owned=self.block_m * self.d_split, streamed=self.block_n)
-                and (self.d_split == 1 or (self.d_split == 2 and self.block_m == 64))
-                and self.head_dim_pad % (16 * self.d_split) == 0)
+        return (
+            self._valid_tile(owned=self.block_m * self.d_split, streamed=self.block_n)
+            and (self.d_split == 1 or (self.d_split == 2 and self.block_m == 64))
+            and self.head_dim_pad % (16 * self.d_split) == 0
+        )
 
     @classmethod
     def head_dim_pad_for(cls, head_dim: int, block_m: int, block_n: int, num_warps: int) -> int:
@@ -423,9 +491,13 @@ class BwdDqWgmmaConfig(WgmmaConfig, BwdDqMmaConfig):
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
-        return self._staged_tiles(self._kept_tiles(), "kv_tiles", "a key tile's K, V and K^T (K transposed: the "
-                                  "B operand of dQ = dS K)", (3, self.parts, self.block_n, self.head_dim_pad),
-                                  free_barriers=self.producer_warp).build()
+        return self._staged_tiles(
+            self._kept_tiles(),
+            "kv_tiles",
+            "a key tile's K, V and K^T (K transposed: the B operand of dQ = dS K)",
+            (3, self.parts, self.block_n, self.head_dim_pad),
+            free_barriers=self.producer_warp,
+        ).build()
 
     def _kept_tiles(self) -> LayoutBuilder:
         """The tiles a block keeps, before the staged key tiles."""
