@@ -5,33 +5,44 @@ consumer protocol) is checked as the compiler built it, where no GPU is at hand.
 
 A block's threads run one after another, each up to its next meeting point: a barrier
 (bar.sync / barrier.sync, the block's or a named one of some threads; bar.arrive counts
-towards one without waiting), its warp's shuffle or __syncwarp, its warpgroup's wgmma,
-or an mbarrier wait whose phase has not completed (it tries again once the others have
-moved). A round in which no thread moves is a deadlock (DeadlockError, saying where each
-thread waits). Memory ordering is tracked with vector clocks: barriers, mbarrier phases
+towards one without waiting), its warp's shuffle, elect.sync or __syncwarp, its
+warpgroup's wgmma, or an mbarrier wait whose phase has not completed (it tries again
+once the others have moved). A round in which no thread moves is a deadlock
+(DeadlockError, saying where each thread waits); a thread that runs trap raises
+TrapError. Memory ordering is tracked with vector clocks: barriers, mbarrier phases
 (arrivals, and bulk copies' bytes, release; a completed wait acquires), shuffles and
 __syncwarp order what they join. A 4-byte word of shared memory that two threads touch
 unordered, one storing, is a race (RaceError; global memory is not checked); a wgmma
 reads its operands from its issue until the wait_group that retires it, and a store to
-them in between is a race too. Words a thread stored with ordinary stores must pass
-its fence.proxy.async before a wgmma reads them or a bulk copy overwrites them
-(RaceError, naming the fence).
+them in between is a race too (a bulk tensor store's source alike, until its
+wait_group.read). Words a thread stored with ordinary stores must pass its
+fence.proxy.async before a wgmma reads them or a bulk copy overwrites them (RaceError,
+naming the fence).
 
-Emulated: integer and predicate arithmetic, branches, loads and stores, cp.async (done
-at once: its waits pass), cp.async.bulk (done at once, its bytes counted on its
-mbarrier), mbarriers, float32 add, sub, mul, fma and reciprocal rounded to nearest even
-as the GPU rounds them (no flush to zero), max, min, comparisons, int to float, TF32
-rounding (cvt.rna.tf32.f32), float32 atomic adds to global memory (in the order the
-threads run); wgmma.mma_async m64nNk8 TF32 (operands from shared memory through their
-descriptors, wgmma.cuh's core matrices without swizzle, or A from registers; each
-operand word's top 19 bits, products summed exactly and added to float32 accumulators:
-near the tensor cores' results, not their bits) and ex2.approx (2^x rounded to nearest:
-near, not the GPU's bits) - so a kernel's results are checked against a reference with
-a tolerance, its data movement exactly. A shared word read before anything stored it is
-an UninitializedError. Anything else (division, other float operations and atomics, ...) raises
-NotImplementedError naming the instruction, so a kernel never runs partly emulated.
-Global memory is the kernel's array arguments, each at its own address; shared memory
-starts as 0xFF bytes (NaN), not zeros.
+Emulated: integer and predicate arithmetic, branches, loads and stores (8 to 64 bits,
+vectors; a struct parameter's bytes through its generic address too), packing moves
+(mov.b32 {lo, hi}), cp.async (done at once: its waits pass), cp.async.bulk (done at once,
+its bytes counted on its mbarrier), cp.async.bulk.tensor loads and stores of boxes of a
+tensor_map (this module's own encoding: the driver's maps are opaque), with zeros for
+a load's elements outside the tensor, a store clipped to it, and the 128-byte swizzle
+on the absolute shared addresses; mbarriers (arrivals and transaction bytes:
+expect_tx), elect.sync, float32 add, sub, mul, fma and reciprocal rounded to nearest
+even as the GPU rounds them (no flush to zero), max, min, comparisons, int to float,
+TF32 rounding (cvt.rna.tf32.f32), float16 and bfloat16 conversions to and from float32
+(nearest even; exact), float32 atomic adds to global memory (in the order the threads
+run); wgmma.mma_async m64nNk8 TF32 and m64nNk16 float16 / bfloat16 (operands from
+shared memory through their descriptors - no swizzle, K-major, as wgmma.cuh's core
+matrices, or the 128-byte swizzle, K-major or MN-major, the swizzle on absolute
+addresses as the hardware does - or A from registers; TF32 operands' top 19 bits;
+products exact in float64, summed there and added to float32 accumulators: near the
+tensor cores' results, not their bits) and ex2.approx (2^x rounded to nearest: near,
+not the GPU's bits) - so a kernel's results are checked against a reference with a
+tolerance, its data movement exactly. A shared word read before anything stored it is
+an UninitializedError. Anything else (division, other float operations and atomics,
+float16 arithmetic, 32- and 64-byte swizzles, descriptor base offsets, clusters, ...)
+raises NotImplementedError naming the instruction, so a kernel never runs partly
+emulated. Global memory is the kernel's array arguments (and tensor maps' arrays), each
+at its own address; shared memory starts as 0xFF bytes (NaN), not zeros.
 """
 
 import re
@@ -41,6 +52,7 @@ import numpy as np
 
 _GLOBAL_BASE = 1 << 40  # argument i's array at (i + 1) << 40: no two overlap
 _SHARED_WINDOW = 1 << 56  # generic addresses of shared memory (cvta)
+_PARAM_WINDOW = 1 << 60  # a struct parameter's bytes at _PARAM_WINDOW + (its index << 32)
 # Where a thread stops: a barrier, its warp's shuffle or __syncwarp, its warpgroup's
 # wgmma, an mbarrier phase not yet complete, its end.
 _BARRIER, _SHUFFLE, _WARP_SYNC, _WGMMA, _YIELD, _EXIT = "barrier", "shuffle", "warp sync", "wgmma", "yield", "exit"
@@ -52,6 +64,10 @@ class RaceError(AssertionError):
 
 class DeadlockError(AssertionError):
     pass
+
+
+class TrapError(AssertionError):
+    """A thread ran trap (__trap())."""
 
 
 class UninitializedError(AssertionError):
@@ -159,6 +175,32 @@ def _reciprocal(x: float) -> int:
     return _bits(other if (float(other) > s) == (exact > Fraction(s)) else f)
 
 
+def _f16(bits: int) -> int:
+    """cvt.rn.f16.f32: float32 bits to float16 bits, nearest even (NumPy's cast rounds so,
+    subnormals and overflow to infinity included); a NaN gives the canonical 0x7FFF."""
+    x = np.uint32(bits & 0xFFFFFFFF).view(np.float32)
+    if np.isnan(x):
+        return 0x7FFF
+    with np.errstate(over="ignore"):
+        return int(x.astype(np.float16).view(np.uint16))
+
+
+def _bf16(bits: int) -> int:
+    """cvt.rn.bf16.f32: the top 16 bits of float32 bits rounded to nearest even (a carry
+    may reach the exponent, up to infinity); a NaN gives the canonical 0x7FFF."""
+    bits &= 0xFFFFFFFF
+    if bits & 0x7FFFFFFF > 0x7F800000:
+        return 0x7FFF
+    return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+
+
+def _half_to_f32(kind: str, bits: int) -> int:
+    """cvt.f32.f16 / cvt.f32.bf16: exact."""
+    if kind == "bf16":
+        return (bits & 0xFFFF) << 16
+    return _bits(float(np.uint16(bits & 0xFFFF).view(np.float16)))
+
+
 def _max_min(pick):
     """max.f32 / min.f32: a NaN operand gives the other one."""
 
@@ -224,6 +266,44 @@ def _integer_op(name: str, op: str, bits: int, signed: bool):
     raise NotImplementedError(op)
 
 
+_TENSOR_MAP_MAGIC = int.from_bytes(b"emu.tmap", "little")
+_TENSOR_ARRAYS: list = []  # the arrays tensor_map described (a map names its array's index here)
+
+
+def tensor_map(array: np.ndarray, box_rows: int, box_cols: int = 64, swizzle: int = 128) -> np.ndarray:
+    """A tensor map for the emulator's cp.async.bulk.tensor (the driver's maps are opaque,
+    so this encoding is the emulator's own) over a (B, S, H, D) ``array`` (or (rows,
+    columns)) of 2-byte elements (float16, or bfloat16 as uint16) or 4-byte ones: dims
+    {D, S, H, B} innermost first, their strides the array's (D contiguous, the others
+    multiples of 16 bytes), box {box_cols, box_rows, 1, 1}, coordinates {column, row,
+    head, batch}. ``swizzle`` 128 (box rows of exactly 128 bytes, written with the
+    128-byte swizzle) or 0 (box rows a multiple of 16 bytes, written in order).
+
+    uint64[16]: [0] b"emu.tmap", [1] the array's index in _TENSOR_ARRAYS (which keeps it
+    alive), [2] rank | element bytes << 8 | swizzle << 16, [3:3+rank] dims, [7:7+rank]
+    byte strides, [11:11+rank] box, each innermost first."""
+    size = array.itemsize
+    if array.ndim not in (2, 4) or size not in (2, 4):
+        raise ValueError(f"tensor_map: (B, S, H, D) or (rows, columns) of 2- or 4-byte elements, not {array.shape}")
+    axes = (3, 1, 2, 0) if array.ndim == 4 else (1, 0)
+    rank, dims, strides = len(axes), [array.shape[a] for a in axes], [array.strides[a] for a in axes]
+    if strides[0] != size or any(x % 16 or x <= 0 or x >= 1 << 40 for x in strides[1:]):
+        raise ValueError(f"tensor_map: strides {array.strides} (D contiguous, the rest multiples of 16 bytes)")
+    box = (box_cols, box_rows) + (1,) * (rank - 2)
+    if not all(1 <= b <= 256 for b in box):
+        raise ValueError(f"tensor_map: box {box} (1 to 256 each)")
+    if swizzle == 128 and box_cols * size != 128 or swizzle == 0 and box_cols * size % 16 or swizzle not in (0, 128):
+        raise ValueError(f"tensor_map: swizzle {swizzle} with {box_cols * size}-byte box rows")
+    index = next((i for i, x in enumerate(_TENSOR_ARRAYS) if x is array), None)  # (one entry an array)
+    if index is None:
+        index = len(_TENSOR_ARRAYS)
+        _TENSOR_ARRAYS.append(array)
+    words = np.zeros(16, np.uint64)
+    words[0], words[1], words[2] = _TENSOR_MAP_MAGIC, index, rank | size << 8 | swizzle << 16
+    words[3 : 3 + rank], words[7 : 7 + rank], words[11 : 11 + rank] = dims, strides, box
+    return words
+
+
 class PtxKernel:
     """The body of one .entry of ``ptx``, parsed once; ``run`` executes a grid of it."""
 
@@ -236,7 +316,9 @@ class PtxKernel:
         m = re.search(r"\.entry\s+" + re.escape(entry) + r"\s*\((.*?)\)[^{]*\{", ptx, re.S)  # (.maxntid, ...)
         if not m:
             raise ValueError(f"no entry {entry} in the PTX")
-        self.params = re.findall(r"\.param\s+\.\w+\s+(\w+)", m.group(1))
+        declared = re.findall(r"\.param\s+(?:\.align\s+\d+\s+)?\.\w+\s+(\w+)(?:\[(\d+)\])?", m.group(1))
+        self.params = [name for name, _ in declared]
+        self.struct_params = {name: int(size) for name, size in declared if size}  # (passed by value: bytes)
         body, depth, i = [], 1, m.end()
         while depth:  # the entry's braces (inline asm adds scopes of its own)
             ch = ptx[i]
@@ -276,7 +358,10 @@ class PtxKernel:
     ) -> list:
         """Run ``blocks`` blocks (x only) of ``threads`` threads with ``args``, one block
         after another: for a pointer, a contiguous numpy array or (array, byte offset)
-        (read and written in place; the same array twice is one allocation), else an int.
+        (read and written in place; the same array twice is one allocation); for a struct
+        passed by value, a function of ``pointer(array) -> address`` that returns it as a
+        one-element structured array (kernel_args.attn_args), or those bytes as an array
+        (a struct of tensor_map's maps, which need no pointer); else an int.
         ``shared_bytes``: the dynamic shared memory. ``wavefronts``: filled with, for each
         shared-memory load or store statement, the shared-memory wavefronts of each time
         a warp ran it (bank_wavefronts). Returns ``args``."""
@@ -327,14 +412,21 @@ class _Grid:
         self.shared_bytes = kernel.static_shared + shared_bytes
         self.arrays = {}  # id(array) -> (base, byte view)
         self.param_values = {}
+        self.param_structs = {}  # name -> (its address in param space, the bytes of a struct passed by value)
         for i, (name, arg) in enumerate(zip(kernel.params, args)):
+            if callable(arg) or name in kernel.struct_params and isinstance(arg, np.ndarray):
+                blob = (arg(self._address_of) if callable(arg) else arg).tobytes()
+                if name in kernel.struct_params and len(blob) < kernel.struct_params[name]:
+                    raise ValueError(
+                        f"argument {i}: {len(blob)} bytes, the kernel's struct has {kernel.struct_params[name]}"
+                    )
+                self.param_structs[name] = (_PARAM_WINDOW + (i << 32), blob)
+                continue
             array, offset = arg if isinstance(arg, tuple) else (arg, 0)
             if isinstance(array, np.ndarray):
                 if not array.flags.c_contiguous:
                     raise ValueError(f"argument {i}: a contiguous array (or one and a byte offset)")
-                if id(array) not in self.arrays:
-                    self.arrays[id(array)] = ((len(self.arrays) + 1) * _GLOBAL_BASE, array.reshape(-1).view(np.uint8))
-                self.param_values[name] = self.arrays[id(array)][0] + offset
+                self.param_values[name] = self._address_of(array) + offset
             elif isinstance(arg, (float, np.floating)):
                 self.param_values[name] = _bits(arg)  # (a float parameter: its float32 bits)
             else:
@@ -343,8 +435,26 @@ class _Grid:
         self.log_shared = False  # (run: wavefronts)
         self.steps = [self._decode(pc, s) for pc, s in enumerate(kernel.statements)]
 
+    def _address_of(self, array) -> int:
+        """Where ``array`` lives in global memory (read and written in place): a contiguous
+        array, or a view into one (at its byte offset there)."""
+        owner = array
+        while not owner.flags.c_contiguous and isinstance(owner.base, np.ndarray):
+            owner = owner.base
+        if not owner.flags.c_contiguous:
+            raise ValueError("an array argument: contiguous, or a view into a contiguous array")
+        if id(owner) not in self.arrays:
+            self.arrays[id(owner)] = ((len(self.arrays) + 1) * _GLOBAL_BASE, owner.reshape(-1).view(np.uint8))
+        offset = array.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
+        return self.arrays[id(owner)][0] + offset
+
     # memory ------------------------------------------------------------------
     def _where(self, space: str, address: int, size: int):
+        if space in ("", "param") and address >= _PARAM_WINDOW:  # (a struct parameter's bytes: read only)
+            for at, blob in self.param_structs.values():
+                if at <= address and address + size <= at + len(blob):
+                    return np.frombuffer(blob, np.uint8), address - at, False
+            raise IndexError(f"parameter access at {address:#x} ({size} bytes) outside every struct parameter")
         if space == "" and address >= _SHARED_WINDOW:
             space, address = "shared", address - _SHARED_WINDOW
         if space == "shared":
@@ -375,15 +485,15 @@ class _Grid:
             pending = self.in_flight.get(word)
             if stored and pending:
                 raise RaceError(
-                    f"shared word at byte {4 * word}: thread {thread} stores it while a wgmma still "
-                    "reads it (before a wait_group retires it)"
+                    f"shared word at byte {4 * word}: thread {thread} stores it while a wgmma or bulk "
+                    "store still reads it (before a wait_group retires it)"
                 )
             if stored and readers:
                 for reader, read in readers.items():
-                    if isinstance(read, _AsyncRead):  # a wgmma's: after any wait_group that saw it done
+                    if isinstance(read, _AsyncRead):  # (async: after any wait_group that saw it done)
                         if not any(t == thread or c <= clock[t] for t, c in read.observed):
                             raise RaceError(
-                                f"shared word at byte {4 * word}: thread {thread} stores it, a wgmma of "
+                                f"shared word at byte {4 * word}: thread {thread} stores it, {read.what} of "
                                 f"threads {sorted({t for t, _ in read.observed})} read it, unordered "
                                 "with every wait_group that retired it"
                             )
@@ -408,20 +518,20 @@ class _Grid:
                 self.words[word] = (writer, written, readers, unfenced)
 
     def _async_reads(self, clock: np.ndarray, read: "_AsyncRead") -> None:
-        """A wgmma reads ``read.words`` from its issue (its threads' joined ``clock``): each
-        stored before it (and fenced for the async proxy), read until a wait_group of one
-        of its threads retires it."""
+        """A wgmma or bulk store reads ``read.words`` from its issue (its threads' joined
+        ``clock``): each stored before it (and fenced for the async proxy), read until a
+        wait_group of one of its threads retires it."""
         for word in read.words:
             if word not in self.words:
-                raise UninitializedError(f"shared word at byte {4 * word}: a wgmma reads it, nothing stored it")
+                raise UninitializedError(f"shared word at byte {4 * word}: {read.what} reads it, nothing stored it")
             writer, written, _, unfenced = self.words.get(word, (None, 0, None, None))
             if writer is not None and written > clock[writer]:
                 raise RaceError(
-                    f"shared word at byte {4 * word}: a wgmma reads it, thread {writer} stored it, unordered"
+                    f"shared word at byte {4 * word}: {read.what} reads it, thread {writer} stored it, unordered"
                 )
             if unfenced is not None:
                 raise RaceError(
-                    f"shared word at byte {4 * word}: a wgmma reads it, thread {unfenced} stored it "
+                    f"shared word at byte {4 * word}: {read.what} reads it, thread {unfenced} stored it "
                     "with no fence.proxy.async since"
                 )
             self.in_flight.setdefault(word, set()).add(id(read))
@@ -464,6 +574,9 @@ class _Grid:
         if token in self.k.shared_symbols:
             at = self.k.shared_symbols[token]
             return lambda regs: at
+        if token in self.param_structs:
+            at = self.param_structs[token][0]
+            return lambda regs: at
         if token.startswith("%") or re.fullmatch(r"[A-Za-z_][\w$]*", token):  # (inline asm's own: p, ok)
 
             def register(regs):
@@ -505,14 +618,24 @@ class _Grid:
             return lambda regs: target
         if name in ("ret", "exit"):
             return lambda regs: _EXIT
+        if op == "trap":  # (the kernel's own check failed: the GPU aborts the launch)
+
+            def trap(regs):
+                raise TrapError(f"thread {regs['%tid.x']} of block {regs['%ctaid.x']} traps (statement {pc})")
+
+            return trap
         if name in ("bar", "barrier"):
             return self._decode_barrier(op, ops, nxt)
         if name == "mbarrier":
             return self._decode_mbarrier(op, ops, nxt)
         if name == "wgmma":
             return self._decode_wgmma(op, ops, nxt)
-        if op == "fence.proxy.async.shared::cta":
+        if re.fullmatch(r"fence\.proxy\.async(\.shared::(cta|cluster))?", op):
             return lambda regs: self._fence_proxy(regs["%tid.x"]) or nxt
+        if op == "fence.proxy.async.global" or re.fullmatch(r"prefetch(\.param|\.const|\.global)?\.tensormap", op):
+            return lambda regs: nxt  # (global memory is not checked; a prefetch changes nothing)
+        if op == "elect.sync":
+            return self._decode_elect(op, ops)
         if op == "fence.mbarrier_init.release.cluster" or name == "setmaxnreg":
             return lambda regs: nxt  # (the emulator's mbarriers exist once initialized; registers are not counted)
         if op in ("ex2.approx.f32", "ex2.approx.ftz.f32"):  # 2^x rounded to nearest (the GPU's is within 2 ulp)
@@ -536,16 +659,16 @@ class _Grid:
             return self._decode_shuffle(op, ops)
         if name == "mov":
             if "{" in ops[0] + ops[1]:
-                raise NotImplementedError(f"{op} {', '.join(ops)} (vector moves)")
+                return self._decode_pack(op, ops, nxt)
             dst, src = ops[0], self._operand(ops[1])
             return lambda regs: regs.__setitem__(dst, src(regs)) or nxt
         if name == "selp":
             dst, a, b, p = ops[0], self._operand(ops[1]), self._operand(ops[2]), ops[3]
             return lambda regs: regs.__setitem__(dst, a(regs) if regs[p] else b(regs)) or nxt
-        if name == "cvta":
-            if ".shared" not in op and ".global" not in op:
+        if name == "cvta":  # (a struct parameter's generic address is its param-space one)
+            if not re.search(r"\.(shared|global|param)\b", op):
                 raise NotImplementedError(op)
-            shift = 0 if ".global" in op else -_SHARED_WINDOW if ".to." in op else _SHARED_WINDOW
+            shift = 0 if ".shared" not in op else -_SHARED_WINDOW if ".to." in op else _SHARED_WINDOW
             dst, src = ops[0], self._operand(ops[1])
             return lambda regs: regs.__setitem__(dst, src(regs) + shift) or nxt
         if op.endswith(".pred"):  # and, or, xor, not of predicates
@@ -560,6 +683,8 @@ class _Grid:
             f, dst = logic[name], ops[0]
             x, y = self._operand(ops[1]), self._operand(ops[2]) if len(ops) > 2 else (lambda regs: False)
             return lambda regs: regs.__setitem__(dst, f(bool(x(regs)), bool(y(regs)))) or nxt
+        if name == "cvt" and re.search(r"\.b?f16", op):
+            return self._decode_half_convert(op, ops, nxt)
         if op == "cvt.rna.tf32.f32":  # to TF32 (10 fraction bits), ties away from zero
             dst, src = ops[0], self._operand(ops[1])
             return lambda regs: regs.__setitem__(dst, _tf32_rna(src(regs))) or nxt
@@ -655,6 +780,52 @@ class _Grid:
         x, y, z = sources
         return lambda regs: regs.__setitem__(dst, f(x(regs) & mask, y(regs) & mask, z(regs)) & out_mask) or nxt
 
+    def _decode_pack(self, op: str, ops: list, nxt: int):
+        """mov.b32 / mov.b64 between a register and {its parts} (b16 halves of a b32, b32
+        halves of a b64), the first part the lowest bits; ``_`` drops a part."""
+        m = re.fullmatch(r"mov\.b(32|64)", op)
+        packing = ops[1].startswith("{") and not ops[0].startswith("{")
+        parts = [r.strip() for r in (ops[1] if packing else ops[0]).strip("{}").split(",")]
+        if not m or len(ops) != 2 or not (packing or ops[0].startswith("{")) or int(m.group(1)) % len(parts):
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        bits = int(m.group(1)) // len(parts)
+        mask = (1 << bits) - 1
+        if packing:
+            dst, sources = ops[0], [self._operand(r) for r in parts]
+
+            def pack(regs):
+                regs[dst] = sum((x(regs) & mask) << (i * bits) for i, x in enumerate(sources))
+                return nxt
+
+            return pack
+        src = self._operand(ops[1])
+
+        def unpack(regs):
+            value = src(regs)
+            for i, r in enumerate(parts):
+                if r != "_":
+                    regs[r] = (value >> (i * bits)) & mask
+            return nxt
+
+        return unpack
+
+    def _decode_half_convert(self, op: str, ops: list, nxt: int):
+        """cvt.rn.f16.f32 / .bf16.f32 and the x2 forms (the first source to the upper half,
+        the second to the lower), rounded to nearest even; cvt.f32.f16 / .f32.bf16, exact."""
+        m = re.fullmatch(r"cvt\.rn\.(b?f16)(x2)?\.f32", op)
+        if m and len(ops) == 3 - (m.group(2) is None):
+            rounded = _bf16 if m.group(1) == "bf16" else _f16
+            dst, sources = ops[0], [self._operand(t) for t in ops[1:]]
+            if len(sources) == 1:
+                return lambda regs: regs.__setitem__(dst, rounded(sources[0](regs))) or nxt
+            hi, lo = sources
+            return lambda regs: regs.__setitem__(dst, rounded(hi(regs)) << 16 | rounded(lo(regs))) or nxt
+        m = re.fullmatch(r"cvt\.f32\.(b?f16)", op)
+        if m and len(ops) == 2:
+            kind, dst, src = m.group(1), ops[0], self._operand(ops[1])
+            return lambda regs: regs.__setitem__(dst, _half_to_f32(kind, src(regs))) or nxt
+        raise NotImplementedError(f"{op} {', '.join(ops)}")
+
     def _decode_memory(self, name: str, op: str, ops: list, nxt: int):
         space = next((s for s in ("shared", "global", "param", "local", "const") if f".{s}" in op), "")
         if space in ("local", "const"):
@@ -665,9 +836,23 @@ class _Grid:
         if space == "param":
             if name != "ld":
                 raise NotImplementedError(op)
-            dst, value = ops[0], self.param_values[ops[1].strip("[]").strip()]
-            mask = (1 << (8 * size)) - 1
-            return lambda regs: regs.__setitem__(dst, value & mask) or nxt
+            name_only = ops[1].strip("[]").strip()
+            if name_only in self.param_values:  # a scalar parameter
+                dst, value = ops[0], self.param_values[name_only]
+                mask = (1 << (8 * size)) - 1
+                return lambda regs: regs.__setitem__(dst, value & mask) or nxt
+            # fields of a struct parameter, as raw bits, at [struct + offset] or [register + offset]
+            address, dsts = self._address(ops[1]), [r.strip() for r in ops[0].strip("{}").split(",")]
+            blobs = {at: blob for at, blob in self.param_structs.values()}
+
+            def load_fields(regs):
+                at = address(regs)
+                blob, offset = blobs[at & ~((1 << 32) - 1)], at & ((1 << 32) - 1)
+                for i, dst in enumerate(dsts):
+                    regs[dst] = int.from_bytes(blob[offset + i * size : offset + (i + 1) * size], "little")
+                return nxt
+
+            return load_fields
         registers = [r.strip() for r in (ops[0] if name == "ld" else ops[1]).strip("{}").split(",")]
         if len(registers) != count:
             raise NotImplementedError(f"{op} {', '.join(ops)}")
@@ -773,7 +958,16 @@ class _Grid:
         return wait
 
     def _decode_mbarrier(self, op: str, ops: list, nxt: int):
-        m = re.fullmatch(r"mbarrier\.(init|arrive|arrive\.expect_tx|try_wait\.parity)\.shared(::cta)?\.b64", op)
+        """mbarrier init, arrive (a count of arrivals; its state operand: the phase),
+        arrive.expect_tx and expect_tx (transaction bytes the phase also waits for; bulk
+        copies' complete_tx count them down), try_wait.parity / test_wait.parity (a
+        suspend-time hint changes nothing), with any .release / .acquire / .relaxed and
+        .cta / .cluster (one block: the same)."""
+        m = re.fullmatch(
+            r"mbarrier\.(init|arrive|arrive\.expect_tx|expect_tx|try_wait\.parity|test_wait\.parity)"
+            r"(\.(release|acquire|relaxed))?(\.(cta|cluster))?\.shared(::cta)?\.b64",
+            op,
+        )
         if not m:
             raise NotImplementedError(f"{op} {', '.join(ops)}")
         kind = m.group(1)
@@ -781,25 +975,40 @@ class _Grid:
             at, count = self._address(ops[0]), self._operand(ops[1])
 
             def init(regs):
-                self.mbarriers[at(regs)] = _Mbarrier(count(regs), self.threads)
+                self.mbarriers[at(regs) % _SHARED_WINDOW] = _Mbarrier(count(regs), self.threads)
                 return nxt
 
             return init
+        if kind == "expect_tx":
+            at, tx = self._address(ops[0]), self._operand(ops[1])
+
+            def expect(regs):
+                barrier = self._mbarrier(at(regs))
+                barrier.tx += tx(regs)
+                barrier.join(barrier.clock)  # (relaxed: it releases nothing)
+                return nxt
+
+            return expect
         if kind.startswith("arrive"):
-            if ops[0] != "_":
-                raise NotImplementedError(f"{op} {', '.join(ops)} (the state operand)")
-            at = self._address(ops[1])
+            if len(ops) != 3 and (len(ops) != 2 or kind != "arrive"):
+                raise NotImplementedError(f"{op} {', '.join(ops)}")
+            state, at = ops[0], self._address(ops[1])
             tx = self._operand(ops[2]) if kind == "arrive.expect_tx" else (lambda regs: 0)
+            count = self._operand(ops[2]) if kind == "arrive" and len(ops) == 3 else (lambda regs: 1)
 
             def arrive(regs):
                 t = regs["%tid.x"]
                 barrier = self._mbarrier(at(regs))
+                if state != "_":
+                    regs[state] = barrier.phase  # (opaque on the GPU; nothing here reads it)
                 barrier.tx += tx(regs)
-                barrier.arrive(self.clocks[t])
+                barrier.arrive(self.clocks[t], count(regs))
                 self.clocks[t][t] += 1
                 return nxt
 
             return arrive
+        if len(ops) not in (3, 4):
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
         dst, at, parity = ops[0], self._address(ops[1]), self._operand(ops[2])
 
         def try_wait(regs):
@@ -856,14 +1065,24 @@ class _Grid:
                 return nxt
 
             return wait
-        m = re.fullmatch(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k8\.f32\.tf32\.tf32", op)
-        if not m or len(ops) != 6 or ops[4:] != ["1", "1"]:
+        m = re.fullmatch(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k(8|16)\.f32\.(tf32|f16|bf16)\.\3", op)
+        if not m or (m.group(2) == "8") != (m.group(3) == "tf32"):
             raise NotImplementedError(f"{op} {', '.join(ops)}")
-        n = int(m.group(1))
+        n, kind = int(m.group(1)), m.group(3)
+        from_registers = ops[1].startswith("{")
+        # TF32: d, a, b, scale-d, scale-a, scale-b; 16-bit: then trans-a (not from registers), trans-b
+        arity = 6 if kind == "tf32" else 7 if from_registers else 8
+        if len(ops) != arity or n % 8 or not 8 <= n <= 256:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        immediates = [_immediate(t) for t in ops[4:]]
+        scales, transposes = immediates[:2], immediates[2:]
+        if any(x not in (1, -1) for x in scales) or any(x not in (0, 1) for x in transposes):
+            raise NotImplementedError(f"{op} {', '.join(ops)}: scale-a/b +-1, trans-a/b 0 or 1 only")
+        trans_a, trans_b = [0] * (2 - len(transposes)) + transposes  # (from registers: A as registers are)
+        shape = (kind, 8 if kind == "tf32" else 16, scales[0] * scales[1], trans_a, trans_b)
         d_regs = [r.strip() for r in ops[0].strip("{}").split(",")]
         if len(d_regs) != n // 2:
             raise NotImplementedError(f"{op}: {len(d_regs)} accumulators")
-        from_registers = ops[1].startswith("{")
         a = (
             [self._operand(r.strip()) for r in ops[1].strip("{}").split(",")]
             if from_registers
@@ -882,6 +1101,7 @@ class _Grid:
                 a_value,
                 b(regs),
                 bool(scale_d(regs)),
+                shape,
             )
             return _WGMMA
 
@@ -895,9 +1115,26 @@ class _Grid:
 
     def _decode_async_copy(self, op: str, ops: list, nxt: int):
         """cp.async's copy done at once (a shared store now: the waits that follow pass);
-        its groups and waits, nothing."""
+        its groups and waits, nothing. cp.async.bulk (.tensor: _decode_tensor_copy) and
+        its bulk groups."""
         if re.fullmatch(r"cp\.async\.(commit_group|wait_group|wait_all)", op):
             return lambda regs: nxt
+        if op.startswith("cp.async.bulk.tensor."):
+            return self._decode_tensor_copy(op, ops, nxt)
+        if op == "cp.async.bulk.commit_group":
+            return lambda regs: self.bulk_groups[regs["%tid.x"]].append([]) or nxt
+        if re.fullmatch(r"cp\.async\.bulk\.wait_group(\.read)?", op):  # (stores are done at once: .read or not)
+            keep = int(ops[0])
+
+            def wait(regs):
+                t = regs["%tid.x"]
+                groups = self.bulk_groups[t]
+                while len(groups) - 1 > keep:
+                    for read in groups.pop(0):
+                        self._retire_reads(t, read)
+                return nxt
+
+            return wait
         if op == "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes":
             dst, src, size, bar = (
                 self._address(ops[0]),
@@ -934,6 +1171,86 @@ class _Grid:
 
         return copy
 
+    def _decode_tensor_copy(self, op: str, ops: list, nxt: int):
+        """cp.async.bulk.tensor.Nd, a box of the tensor tensor_map describes: a load to shared
+        memory (done at once; the box's bytes count down its mbarrier's transaction, zeros
+        where the box leaves the tensor) or a store from it (its reads end at the
+        wait_group.read that retires its bulk group; elements outside the tensor are not
+        written). The shared side 128-byte aligned, the 128-byte swizzle on its absolute
+        addresses. An L2 cache hint changes nothing."""
+        load = re.fullmatch(
+            r"cp\.async\.bulk\.tensor\.([1-5])d\.shared::(?:cluster|cta)\.global(\.tile)?"
+            r"\.mbarrier::complete_tx::bytes(\.L2::cache_hint)?",
+            op,
+        )
+        store = re.fullmatch(
+            r"cp\.async\.bulk\.tensor\.([1-5])d\.global\.shared::cta(\.tile)?\.bulk_group(\.L2::cache_hint)?", op
+        )
+        m = load or store
+        if not m or len(ops) != (3 if load else 2) + bool(m.group(3)):
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        tensor = _split_operands(ops[1 if load else 0].strip()[1:-1])
+        coords = [self._operand(c.strip()) for c in tensor[1].strip("{}").split(",")] if len(tensor) == 2 else []
+        if len(coords) != int(m.group(1)):
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        tensor_map, smem = self._operand(tensor[0]), self._address(ops[0] if load else ops[1])
+        bar = self._address(ops[2]) if load else None
+
+        def copy(regs):
+            t, at = regs["%tid.x"], smem(regs) % _SHARED_WINDOW
+            mem, offsets, inside, positions = self._tensor_box(
+                tensor_map(regs), [_signed(c(regs), 32) for c in coords], at
+            )
+            n = positions.size
+            if load:
+                self._touch(t, at, n, True, proxy="async")
+                self.shared[positions] = np.where(inside, mem[np.where(inside, offsets, 0)], 0)
+                barrier = self._mbarrier(bar(regs))
+                barrier.tx -= n
+                barrier.join(self.clocks[t])
+            else:
+                read = _AsyncRead(list(range(at // 4, (at + n + 3) // 4)), "a bulk tensor store")
+                self._async_reads(self.clocks[t], read)
+                self.bulk_groups[t][-1].append(read)
+                mem[offsets[inside]] = self.shared[positions[inside]]
+            return nxt
+
+        return copy
+
+    def _tensor_box(self, address: int, coords: list, at: int):
+        """The box at ``coords`` of the tensor map at ``address`` with shared memory at
+        ``at``, byte by byte in the box's order: (the tensor's global bytes, each byte's
+        offset there, whether it is inside the tensor, its shared address)."""
+        if address % 64:
+            raise ValueError(f"tensor map at {address:#x}: not 64-byte aligned")
+        raw, where, _ = self._where("", address, 128)
+        words = np.frombuffer(raw[where : where + 128].tobytes(), np.uint64)
+        if int(words[0]) != _TENSOR_MAP_MAGIC:
+            raise NotImplementedError(f"a tensor map at {address:#x} that tensor_map did not encode")
+        rank, size, swizzle = int(words[2]) & 0xFF, int(words[2]) >> 8 & 0xFF, int(words[2]) >> 16
+        dims, strides, box = (words[3 + 4 * i : 3 + 4 * i + rank].astype(np.int64) for i in range(3))
+        if len(coords) != rank:
+            raise ValueError(f"a {len(coords)}-d copy of a rank-{rank} tensor map")
+        base = self._address_of(_TENSOR_ARRAYS[int(words[1])])
+        if base % 16:
+            raise ValueError(f"tensor map of an array at {base:#x}: not 16-byte aligned")
+        if at % 128:
+            raise ValueError(f"bulk tensor copy at shared byte {at}: not 128-byte aligned")
+        index = np.indices(box[::-1]).reshape(rank, -1)[::-1]  # [dim, element]: innermost dim first
+        where_ = np.asarray(coords, np.int64)[:, None] + index
+        inside = ((where_ >= 0) & (where_ < dims[:, None])).all(axis=0)
+        mem, origin, _ = self._where("global", base, 1)
+        byte = np.arange(size)
+        offsets = (origin + (where_ * strides[:, None]).sum(axis=0))[:, None] + byte
+        if inside.any() and (offsets[inside].min() < 0 or offsets[inside].max() >= mem.size):
+            raise IndexError(f"tensor map of an array at {base:#x}: its box reaches past the array")
+        positions = at + np.arange(index.shape[1])[:, None] * size + byte
+        if swizzle:  # (rows of 128 bytes, box[0] * size == 128)
+            positions = positions ^ ((positions >> 7) & 7) << 4
+        if positions.max() >= self.shared.size:
+            raise IndexError(f"shared access at {at} ({positions.size} bytes) outside {self.shared.size}")
+        return mem, offsets.reshape(-1), np.repeat(inside, size), positions.reshape(-1)
+
     def _decode_shuffle(self, op: str, ops: list):
         """shfl.sync over the whole warp: the lane stops with what it offers; the block
         exchanges once every lane of the warp is there (_exchange)."""
@@ -952,66 +1269,124 @@ class _Grid:
 
         return offer
 
+    def _decode_elect(self, op: str, ops: list):
+        """elect.sync d|p, membermask of the whole warp: a meeting of its lanes (as a
+        shuffle), lane 0 elected."""
+        if len(ops) != 2:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        dst, _, predicate = ops[0].partition("|")
+        member_mask = self._operand(ops[1])
+
+        def offer(regs):
+            if member_mask(regs) & 0xFFFFFFFF != 0xFFFFFFFF:
+                raise NotImplementedError(f"{op} {', '.join(ops)}: only the whole warp")
+            regs["shuffle"] = ("elect", 0, 0, dst.strip(), predicate.strip())
+            return _SHUFFLE
+
+        return offer
+
     # execution -----------------------------------------------------------------
     @staticmethod
     def _exchange(lanes: list):
         offers = [regs.pop("shuffle") for regs in lanes]
         for lane, (regs, (mode, _, b, dst, predicate)) in enumerate(zip(lanes, offers)):
+            if mode == "elect":  # (the whole warp: lane 0 is elected)
+                if dst not in ("", "_"):
+                    regs[dst] = 0
+                if predicate not in ("", "_"):
+                    regs[predicate] = lane == 0
+                continue
             source = lane ^ b if mode == "bfly" else lane + b if mode == "down" else b
             valid = source < 32
             regs[dst] = offers[source if valid else lane][1]
             if predicate:
                 regs[predicate] = valid
 
-    def _operand_words(self, desc: int, rows: int) -> np.ndarray:
-        """Shared words of a K-major TF32 operand of ``rows`` x 8 through its descriptor
-        (wgmma.cuh: no swizzle, 8-row x 16-byte core matrices; the leading byte offset
-        steps 4 columns, the stride byte offset 8 rows), [row, k]."""
-        if desc >> 62 or (desc >> 49) & 7:
-            raise NotImplementedError(f"wgmma descriptor {desc:#x}: swizzled or with a base offset")
+    def _operand_bytes(self, desc: int, rows: int, k: int, size: int, mn_major: bool) -> np.ndarray:
+        """Shared byte addresses of a wgmma operand of ``rows`` x ``k`` elements of ``size``
+        bytes through its descriptor, [row, k]. Layout 0 (no swizzle), K-major: 8-row x
+        16-byte core matrices, the leading byte offset steps 16 bytes of k, the stride byte
+        offset 8 rows. Layout 1 (128-byte swizzle): rows of 128 bytes; K-major, 8 rows
+        apart by the stride byte offset, k within the row; MN-major, 128 bytes of the row
+        dimension per k, 8 k apart by the stride byte offset, the next 128 bytes of rows by
+        the leading one; then bits 4-6 of each absolute address XOR bits 7-9, as the
+        hardware does (a tile whose base is not 1024-aligned reads permuted elements)."""
+        layout, base = desc >> 62, (desc >> 49) & 7
+        if layout not in (0, 1) or base:
+            raise NotImplementedError(f"wgmma descriptor {desc:#x}: 32- or 64-byte swizzle, or a base offset")
         start, leading, stride = (desc & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4
-        r, k = np.meshgrid(np.arange(rows), np.arange(8), indexing="ij")
-        at = start + (k // 4) * leading + (r // 8) * stride + (r % 8) * 16 + (k % 4) * 4
-        if at.max() + 4 > self.shared.size:
-            raise IndexError(f"wgmma operand at shared bytes {at.min()}..{at.max() + 4} outside {self.shared.size}")
-        return at // 4
+        r, c = np.meshgrid(np.arange(rows), np.arange(k), indexing="ij")
+        per16, per128 = 16 // size, 128 // size
+        if layout == 0:
+            if mn_major:
+                raise NotImplementedError(f"wgmma descriptor {desc:#x}: MN-major without swizzle")
+            at = start + (c // per16) * leading + (r // 8) * stride + (r % 8) * 16 + (c % per16) * size
+        else:
+            if mn_major:
+                at = start + (r // per128) * leading + (r % per128) * size + (c // 8) * stride + (c % 8) * 128
+            elif start % 128 + k * size > 128:
+                raise NotImplementedError(f"wgmma descriptor {desc:#x}: k past its 128-byte row")
+            else:
+                at = start + (r // 8) * stride + (r % 8) * 128 + c * size
+            at = at ^ ((at >> 7) & 7) << 4
+        if at.max() + size > self.shared.size:
+            raise IndexError(f"wgmma operand at shared bytes {at.min()}..{at.max() + size} outside {self.shared.size}")
+        return at
 
-    def _tf32_values(self, words: np.ndarray) -> np.ndarray:
-        bits = self.shared.view(np.uint32)[words] & np.uint32(0xFFFFE000)  # the tensor cores' 19 bits
-        return bits.view(np.float32).astype(np.float64)
+    @staticmethod
+    def _element_values(kind: str, bits: np.ndarray) -> np.ndarray:
+        """Operand elements' values (exact in float64): TF32, a word's top 19 bits (what
+        the tensor cores read); float16; bfloat16, the top half of a float32."""
+        if kind == "tf32":
+            return (bits.astype(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+        if kind == "f16":
+            return bits.astype(np.uint16).view(np.float16).astype(np.float64)
+        return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+
+    def _shared_operand(self, kind: str, desc: int, rows: int, k: int, mn_major: bool):
+        """(values [rows, k], the shared words read) of an operand through its descriptor."""
+        size = 4 if kind == "tf32" else 2
+        at = self._operand_bytes(desc, rows, k, size, mn_major)
+        bits = self.shared.view(np.uint32 if size == 4 else np.uint16)[at // size]
+        return self._element_values(kind, bits), np.unique(at // 4)
 
     def _wgmma(self, lanes: list, threads: list):
-        """The warpgroup's wgmma (its 128 threads' offers): d = A B^T (+ d), m64nNk8, A 64 x 8
-        from shared memory or from the lanes' registers, B N x 8 from shared memory; d in
-        wgmma.cuh's accumulator layout. Its operands' words are read until a wait_group retires
-        them."""
+        """The warpgroup's wgmma (its 128 threads' offers): d = A B^T (+ d), m64nNk8 (TF32)
+        or m64nNk16 (float16, bfloat16), A 64 x K from shared memory or from the lanes'
+        registers, B N x K from shared memory (imm-trans 1: MN-major); d in wgmma.cuh's
+        accumulator layout. Products exact in float64, summed there, added to the float32
+        accumulators and rounded once. Its operands' words are read until a wait_group
+        retires them."""
         offers = [regs.pop("wgmma") for regs in lanes]
-        _, n, d_regs, _, from_registers, a0, b_desc, scale_d = offers[0]
+        _, n, d_regs, _, from_registers, a0, b_desc, scale_d, shape = offers[0]
+        kind, k, sign, trans_a, trans_b = shape
         if any(o[6] != b_desc or o[7] != scale_d or (not from_registers and o[5] != a0) for o in offers):
             raise NotImplementedError("a wgmma whose descriptors differ between its lanes")
         lane = np.arange(128)
         w, g, t = lane // 32, lane % 32 // 4, lane % 4
-        b_words = self._operand_words(b_desc, n)
-        b = self._tf32_values(b_words)
-        if from_registers:  # (row g, k t), (g + 8, t), (g, t + 4), (g + 8, t + 4) of the warp's 16 rows
-            a = np.zeros((64, 8))
-            bits = np.array([o[5] for o in offers], dtype=np.uint64).astype(np.uint32) & np.uint32(0xFFFFE000)
-            values = bits.view(np.float32).astype(np.float64)
-            for i, (dr, dk) in enumerate(((0, 0), (8, 0), (0, 4), (8, 4))):
-                a[16 * w + g + dr, t + dk] = values[:, i]
+        b, b_words = self._shared_operand(kind, b_desc, n, k, bool(trans_b))
+        if from_registers:
+            # register i of lane (g, t), warp w: row 16 w + g + 8 (i % 2), k per t + k/2 (i / 2) + its
+            # element (TF32: one a register; 16-bit: two, the lower half the even k)
+            per = 1 if kind == "tf32" else 2
+            a = np.zeros((64, k))
+            words = np.array([o[5] for o in offers], dtype=np.uint64).astype(np.uint32)
+            for i in range(4):
+                for e in range(per):
+                    bits = words[:, i] >> np.uint32(16 * e) if per == 2 else words[:, i]
+                    a[16 * w + g + 8 * (i % 2), per * t + k // 2 * (i // 2) + e] = self._element_values(kind, bits)
             a_words = np.zeros(0, dtype=np.int64)
         else:
-            a_words = self._operand_words(a0, 64)
-            a = self._tf32_values(a_words)
+            a, a_words = self._shared_operand(kind, a0, 64, k, bool(trans_a))
         # d[j][e] of lane (g, t), warp w: row 16 w + g + 8 (e / 2), column 8 j + 2 t + e % 2
         i = np.arange(n // 2)
         rows = 16 * w[:, None] + g[:, None] + 8 * (i[None, :] % 4 // 2)
         cols = 8 * (i[None, :] // 4) + 2 * t[:, None] + i[None, :] % 2
         old = np.array([o[3] for o in offers], dtype=np.uint64).astype(np.uint32).view(np.float32)
-        product = (a @ b.T)[rows, cols]
+        product = sign * (a @ b.T)[rows, cols]
         new = (old.astype(np.float64) + product if scale_d else product).astype(np.float32)
-        for k, regs in enumerate(lanes):
-            for r, value in zip(d_regs, new[k].view(np.uint32)):
+        for j, regs in enumerate(lanes):
+            for r, value in zip(d_regs, new[j].view(np.uint32)):
                 regs[r] = int(value)
         read = _AsyncRead(np.concatenate([a_words.reshape(-1), b_words.reshape(-1)]).tolist())
         self._async_reads(self.clocks[threads].max(axis=0), read)
@@ -1049,6 +1424,7 @@ class _Grid:
         self.words, self.in_flight, self.unfenced = {}, {}, [set() for _ in range(n)]
         self.mbarriers, self.named, self.shared_accesses = {}, {}, {}
         self.wgmma_groups = [[[]] for _ in range(n)]  # committed groups, then the open one
+        self.bulk_groups = [[[]] for _ in range(n)]  # (bulk tensor stores' reads, alike)
         specials = {
             "%ntid.x": n,
             "%ntid.y": 1,
@@ -1114,6 +1490,9 @@ class _Grid:
                 for t, groups in enumerate(self.wgmma_groups):
                     if any(groups):
                         raise RaceError(f"thread {t} ends with wgmma reads not retired by a wait_group")
+                for t, groups in enumerate(self.bulk_groups):
+                    if any(groups):
+                        raise RaceError(f"thread {t} ends with bulk store reads not retired by a wait_group.read")
                 return
             for t in range(n):
                 if stops[t] == _YIELD:
@@ -1123,11 +1502,11 @@ class _Grid:
 
 
 class _AsyncRead:
-    """The shared words one wgmma reads, and (thread, its clock) at each wait_group that
-    retired it."""
+    """The shared words one wgmma (or bulk store) reads, and (thread, its clock) at each
+    wait_group that retired it."""
 
-    def __init__(self, words: list):
-        self.words, self.observed = words, []
+    def __init__(self, words: list, what: str = "a wgmma"):
+        self.words, self.observed, self.what = words, [], what
 
 
 class _NamedBarrier:
@@ -1156,8 +1535,8 @@ class _Mbarrier:
         self.clock = np.zeros(threads, dtype=np.int64)
         self.completed = np.zeros(threads, dtype=np.int64)
 
-    def arrive(self, clock: np.ndarray):
-        self.pending -= 1
+    def arrive(self, clock: np.ndarray, count: int = 1):
+        self.pending -= count
         if self.pending < 0:
             raise DeadlockError(f"more arrivals at an mbarrier in one phase than its {self.count}")
         self.join(clock)

@@ -3,12 +3,15 @@ here by NVRTC: the integer arithmetic it emulates, shared memory across a barrie
 between barriers, float32 rounding, warp shuffles, a refusal to run what it does not
 emulate; then wgmma_tiles.cuh's shared-memory rearrangements (transpose_core_tile,
 zero_transposed_rows) and the staging launches (wgmma_staging.cuh) as compiled, on the
-CPU (the GPU tests run them on the GPU)."""
+CPU (the GPU tests run them on the GPU); then float16 / bfloat16 wgmma on 128-byte
+swizzled tiles (K-major and MN-major, from shared memory and from registers) and tensor
+copies (cp.async.bulk.tensor through tensor_map, expect_tx), against NumPy and the layout
+an H100 produced in probes like these."""
 
 import numpy as np
 import pytest
 from _probes import CORE_TILE_PROBES, compile_probe
-from _ptx_emulator import DeadlockError, PtxKernel, RaceError, UninitializedError, bank_wavefronts
+from _ptx_emulator import DeadlockError, PtxKernel, RaceError, TrapError, UninitializedError, bank_wavefronts
 from _tile_orders import core_offset, slot_row, staged_operands, staged_tiles
 from test_compile import _nvrtc_reason
 
@@ -91,6 +94,13 @@ extern "C" __global__ void shuffle_probe(const int* in, int* out) {
     out[4 * t + 1] = __shfl_xor_sync(0xffffffff, x, 5);
     out[4 * t + 2] = __shfl_down_sync(0xffffffff, x, 3);
     out[4 * t + 3] = __shfl_sync(0xffffffff, x, 5);
+}
+"""
+
+TRAP_PROBE = r"""
+extern "C" __global__ void trap_probe(int* out, int bad) {
+    if (bad && threadIdx.x == 3) __trap();
+    out[threadIdx.x] = 1;
 }
 """
 
@@ -277,6 +287,14 @@ def test_what_it_does_not_emulate_is_refused_by_name():
         _kernel(DIVIDE_PROBE, "divide_probe").run(32, [np.ones(32, np.float32), np.zeros(32, np.float32)])
 
 
+def test_a_trap_fails_the_run_naming_the_thread():
+    out = np.zeros(32, np.int32)
+    _kernel(TRAP_PROBE, "trap_probe").run(32, [out, 0])
+    assert (out == 1).all()
+    with pytest.raises(TrapError, match="thread 3 of block 0"):
+        _kernel(TRAP_PROBE, "trap_probe").run(32, [out, 1])
+
+
 def test_shared_memory_outside_the_launch_s_bytes_is_an_error():
     with pytest.raises(IndexError, match="shared access"):
         _kernel(NEIGHBOUR_PROBE, "neighbour_probe<true>").run(96, [np.zeros(96, np.int32)], 95 * 4)
@@ -455,3 +473,300 @@ def test_a_phase_that_never_completes_is_a_deadlock_and_a_named_barrier_hands_wo
     np.testing.assert_array_equal(out[:32], 3 * np.arange(32))
     with pytest.raises(RaceError, match="unordered"):
         _kernel(SYNC_PROBES, "handoff_probe<false>", "sm_90a").run(64, [out])
+
+
+def _registers(n: int) -> str:
+    return ", ".join(f"%{i}" for i in range(n))
+
+
+HALF_PROBES = r"""
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+// 16-bit tiles in shared memory with the 128-byte swizzle: element (r, c) of an R-row tile
+// at (c / 64) R 128 + r 128 + ((c % 64 / 8) ^ (r % 8)) 16 + (c % 8) 2, written by threads 16
+// bytes each from a row-major global array, then read by wgmma through descriptors.
+template <int R>
+__device__ unsigned sw128(int r, int c) {
+    return (c / 64) * R * 128 + r * 128 + (((c % 64) / 8) ^ (r % 8)) * 16 + (c % 8) * 2;
+}
+template <int R, int C>
+__device__ void to_swizzled(unsigned char* tile, const unsigned short* src) {
+    for (int i = threadIdx.x; i < R * C / 8; i += blockDim.x) {
+        const int r = i / (C / 8), c = i % (C / 8) * 8;
+        *(uint4*)(tile + sw128<R>(r, c)) = *(const uint4*)(src + r * C + c);
+    }
+}
+// 128-byte swizzle (layout 1), stride byte offset 1024 (8 rows or 8 k), leading ``lbo``.
+__device__ unsigned long long desc_sw128(const void* p, unsigned lbo) {
+    const unsigned at = (unsigned)__cvta_generic_to_shared(p);
+    return (0x40000040ull << 32) | ((at >> 4) & 0x3FFF) | ((lbo >> 4) << 16);
+}
+#define F4(x) "+f"(d[x]), "+f"(d[x + 1]), "+f"(d[x + 2]), "+f"(d[x + 3])
+#define F16(x) F4(x), F4(x + 4), F4(x + 8), F4(x + 12)
+#define SS64(TY)                                                                                  \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                     \
+                 R32 "}, %32, %33, 1, 1, 1, 0, 0;" : F16(0), F16(16) : "l"(da), "l"(db) : "memory")
+#define RS128(TY)                                                                                 \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                     \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                    \
+                 R64 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}"                              \
+                 : F16(0), F16(16), F16(32), F16(48)                                              \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate) : "memory")
+// accumulator register i of thread t: row 16 w + g + 8 (i / 2 % 2), column 8 (i / 4) + 2 u + i % 2
+__device__ int acc_row(int i) { return 16 * (threadIdx.x / 32) + threadIdx.x % 32 / 4 + 8 * (i / 2 % 2); }
+__device__ int acc_col(int i) { return 8 * (i / 4) + 2 * (threadIdx.x % 4) + i % 2; }
+__device__ void wg_done() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+// S = Q K^T (64 x 64) of Q, K 64 x D, K-major, by D / 16 SS wgmmas (k-step kk: + 32 bytes in a
+// 128-byte row, + 64 R 2 bytes past a 64-column chunk); K's tile K_AT bytes past a 1024 boundary.
+template <bool BF16, int D, int K_AT>
+__global__ void qk_probe(const unsigned short* q, const unsigned short* k, float* s) {
+    __shared__ __align__(1024) unsigned char smem[2 * 64 * D * 2 + 1024];
+    unsigned char *tq = smem, *tk = smem + 64 * D * 2 + K_AT;
+    to_swizzled<64, D>(tq, q);
+    to_swizzled<64, D>(tk, k);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    float d[32];
+    for (int i = 0; i < 32; ++i) d[i] = 0;
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const int at = kk / 4 * 64 * 128 + kk % 4 * 32;
+        const unsigned long long da = desc_sw128(tq + at, 16), db = desc_sw128(tk + at, 16);
+        if (BF16) SS64("bf16"); else SS64("f16");
+    }
+    wg_done();
+    for (int i = 0; i < 32; ++i) s[acc_row(i) * 64 + acc_col(i)] = d[i];
+}
+// O = P V (64 x 128) of P 64 x 64 (float, packed in-thread from the accumulator layout into A
+// registers: a0 = (g, 2u..2u+1), a1 = (g + 8, ...), a2 = (g, 2u + 8..), a3 = (g + 8, 2u + 8..))
+// and V 64 keys x 128 (row-major, MN-major to wgmma: trans-b 1, the next 64 columns LBO =
+// 64 keys x 128 bytes on, k-step kk + 2048 bytes), by 4 RS wgmmas m64n128k16.
+template <bool BF16>
+__global__ void pv_probe(const float* p_in, const unsigned short* v, float* o) {
+    __shared__ __align__(1024) unsigned char tv[64 * 128 * 2];
+    to_swizzled<64, 128>(tv, v);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    float pf[32], d[64];
+    for (int i = 0; i < 32; ++i) pf[i] = p_in[acc_row(i) * 64 + acc_col(i)];
+    for (int i = 0; i < 64; ++i) d[i] = 1e30f;
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    for (int kk = 0; kk < 4; ++kk) {
+        unsigned a[4];
+        for (int j = 0; j < 4; ++j) {
+            const float lo = pf[8 * kk + 2 * j], hi = pf[8 * kk + 2 * j + 1];
+            if (BF16) {
+                __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+                a[j] = *(unsigned*)&h;
+            } else {
+                half2 h = __floats2half2_rn(lo, hi);
+                a[j] = *(unsigned*)&h;
+            }
+        }
+        const unsigned long long db = desc_sw128(tv + kk * 2048, 64 * 128);
+        const int accumulate = kk > 0;  // (the first ignores d's garbage)
+        if (BF16) RS128("bf16"); else RS128("f16");
+    }
+    wg_done();
+    for (int i = 0; i < 64; ++i) o[acc_row(i) * 128 + acc_col(i)] = d[i];
+}
+""".replace("R32", '"' + _registers(32) + '"').replace("R64", '"' + _registers(64) + '"')
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 to bfloat16 bits, nearest even (no NaNs here)."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _half_operand(x: np.ndarray, bf16: bool):
+    """(the bits the kernel reads, their values in float64)."""
+    if bf16:
+        bits = _bf16_bits(x)
+        return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    half = x.astype(np.float16)
+    return half.view(np.uint16), half.astype(np.float64)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+def test_wgmma_k16_reads_128_byte_swizzled_k_major_tiles(bf16, D):
+    """S = Q K^T by D / 16 SS wgmmas (float16 or bfloat16, K-major, 128-byte swizzle: one or
+    two 64-column chunks) against NumPy: the products exact, summed into float32."""
+    rng = np.random.default_rng(D + bf16)
+    (q, qv), (k, kv) = (_half_operand(rng.standard_normal((64, D)), bf16) for _ in range(2))
+    s = np.full((64, 64), np.nan, np.float32)
+    _kernel(HALF_PROBES, f"qk_probe<{str(bf16).lower()}, {D}, 0>", "sm_90a").run(128, [q, k, s])
+    np.testing.assert_allclose(s, qv @ kv.T, rtol=0, atol=2e-6 * np.abs(qv @ kv.T).max())
+
+
+def test_a_swizzled_tile_off_a_1024_byte_boundary_reads_what_the_hardware_reads():
+    """K's tile 512 bytes past a 1024 boundary: the swizzle XORs the address's bits 7-9 (rows
+    4 on, for row 0), so every row's 16-byte groups are read from the group 4 away (columns
+    c ^ 32 of each 64) - not Q K^T, as the hardware's XOR of address bits gives."""
+    rng = np.random.default_rng(11)
+    (q, qv), (k, kv) = (_half_operand(rng.standard_normal((64, 64)), False) for _ in range(2))
+    s = np.full((64, 64), np.nan, np.float32)
+    _kernel(HALF_PROBES, "qk_probe<false, 64, 512>", "sm_90a").run(128, [q, k, s])
+    permuted = kv[:, np.arange(64) ^ 32]
+    np.testing.assert_allclose(s, qv @ permuted.T, rtol=0, atol=2e-6 * np.abs(qv @ permuted.T).max())
+    assert np.abs(s - qv @ kv.T).max() > 1
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_wgmma_k16_from_registers_times_an_mn_major_swizzled_tile(bf16):
+    """O = P V by 4 RS wgmmas m64n128k16: P packed in-thread from float32 (cvt.rn to float16
+    or bfloat16, the first source the upper half), V row-major (MN-major, trans-b 1, two
+    64-column chunks a leading byte offset apart); the first wgmma's scale-d 0 drops the
+    accumulators' garbage."""
+    rng = np.random.default_rng(5 + bf16)
+    p = rng.standard_normal((64, 64)).astype(np.float32)
+    _, pv = _half_operand(p, bf16)
+    v, vv = _half_operand(rng.standard_normal((64, 128)), bf16)
+    o = np.full((64, 128), np.nan, np.float32)
+    _kernel(HALF_PROBES, f"pv_probe<{str(bf16).lower()}>", "sm_90a").run(128, [p, v, o])
+    np.testing.assert_allclose(o, pv @ vv, rtol=0, atol=2e-6 * np.abs(pv @ vv).max())
+
+
+TMA_PROBE = r"""
+struct alignas(64) TmaMap {
+    unsigned long long w[16];
+};
+struct TmaMaps {
+    TmaMap x, o;
+};
+// Two boxes {64 columns, 64 rows} of x at (row, head, batch 0) into 128-byte swizzled shared
+// memory, by warp 0's elected lane, on one mbarrier expecting ``expect`` bytes (expect_tx,
+// then arrive.expect_tx of 8192); every thread waits, then copies the tile out byte for
+// byte; (store) thread 0 stores the tile to o at the same coordinates.
+extern "C" __global__ void tma_probe(const __grid_constant__ TmaMaps m, unsigned char* out, int row, int head,
+                                     int expect, int store) {
+    __shared__ __align__(1024) unsigned char s[16384];
+    __shared__ __align__(8) unsigned long long bar;
+    const unsigned b = __cvta_generic_to_shared(s), br = __cvta_generic_to_shared(&bar);
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(br));
+        asm volatile("fence.mbarrier_init.release.cluster;");
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        unsigned elected;
+        asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\nselp.u32 %0, 1, 0, e;\n}" : "=r"(elected));
+        if (elected) {
+            asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(br), "r"(expect - 8192));
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(br), "r"(8192));
+            asm volatile(
+                "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(b), "l"(&m.x), "r"(0), "r"(row), "r"(head), "r"(0),
+                "r"(br) : "memory");
+            asm volatile(
+                "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;" ::"r"(b + 8192), "l"(&m.x), "r"(64), "r"(row),
+                "r"(head), "r"(0), "r"(br), "l"(0x14F0000000000000ull) : "memory");
+        }
+    }
+    unsigned ok = 0;
+    while (!ok)
+        asm volatile(
+            "{\n.reg .pred P;\nmbarrier.try_wait.parity.shared::cta.b64 P, [%1], 0, 1000000;\n"
+            "selp.u32 %0, 1, 0, P;\n}" : "=r"(ok) : "r"(br) : "memory");
+    for (int i = threadIdx.x; i < 16384; i += blockDim.x) out[i] = s[i];
+    if (store && threadIdx.x == 0) {
+        for (int c = 0; c < 2; ++c)
+            asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];"
+                         ::"l"(&m.o), "r"(64 * c), "r"(row), "r"(head), "r"(0), "r"(b + 8192 * c) : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    }
+}
+"""
+
+
+def _tma_run(row, expect=16384, store=0):
+    from _ptx_emulator import tensor_map
+
+    x = np.random.default_rng(1).standard_normal((2, 50, 3, 128)).astype(np.float16)
+    o = np.full_like(x, 7)  # (what the store leaves alone stays 7)
+    out = np.zeros(16384, np.uint8)
+    maps = np.concatenate([tensor_map(x, 64), tensor_map(o, 64)])  # (the struct's bytes)
+    _kernel(TMA_PROBE, "tma_probe", "sm_90a").run(128, [maps, out, row, 1, expect, store])
+    return x, o, out.view(np.uint16)
+
+
+@pytest.mark.parametrize("row", [10, -8])
+def test_a_tensor_copy_writes_its_box_swizzled_with_zeros_outside_and_stores_it_back_clipped(row):
+    """What an H100 gave for a driver map (SWIZZLE_128B) in a probe like this: element (r, c) of the box at
+    (c / 64) 8192 + r 128 + ((c % 64 / 8) ^ (r % 8)) 16 + (c % 8) 2, rows outside the tensor
+    (past its end, before its start) zeros; the store writes back only rows inside it."""
+    x, o, tile = _tma_run(row, store=1)
+    r, c = np.meshgrid(np.arange(64), np.arange(128), indexing="ij")
+    inside = (row + r >= 0) & (row + r < 50)
+    want = np.zeros(8192, np.uint16)
+    want[((c // 64) * 8192 + r * 128 + ((c % 64 // 8) ^ (r % 8)) * 16 + (c % 8) * 2) // 2] = np.where(
+        inside, x[0, np.clip(row + r, 0, 49), 1, c].view(np.uint16), 0
+    )
+    np.testing.assert_array_equal(tile, want)
+    assert (tile.reshape(2, 64, 64) != 0).any(axis=(0, 2)).sum() == inside[:, 0].sum()
+    stored = np.full_like(x, 7)
+    rows = slice(max(row, 0), row + 64)
+    stored[0, rows, 1] = x[0, rows, 1]
+    np.testing.assert_array_equal(o.view(np.uint16), stored.view(np.uint16))
+
+
+def test_a_phase_expecting_more_bytes_than_its_copies_bring_never_completes():
+    with pytest.raises(DeadlockError, match="mbarrier.try_wait"):
+        _tma_run(10, expect=16384 + 16)
+
+
+CONVERT_PROBE = r"""
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+// float32 to float16 and bfloat16 and back, one value and a pair (the pair's halves
+// swapped back out through 16-bit stores), 16-bit loads.
+extern "C" __global__ void convert_probe(const float* x, const unsigned short* h, const unsigned short* b,
+                                         unsigned short* to_h, unsigned short* to_b, unsigned short* pairs,
+                                         float* back) {
+    const int t = threadIdx.x;
+    const __half hx = __float2half_rn(x[t]);
+    const __nv_bfloat16 bx = __float2bfloat16_rn(x[t]);
+    to_h[t] = *(const unsigned short*)&hx;
+    to_b[t] = *(const unsigned short*)&bx;
+    const half2 hp = __floats2half2_rn(x[t], -x[t]);
+    const __nv_bfloat162 bp = __floats2bfloat162_rn(x[t], -x[t]);
+    pairs[4 * t] = *(const unsigned short*)&hp.y;
+    pairs[4 * t + 1] = *(const unsigned short*)&hp.x;
+    pairs[4 * t + 2] = *(const unsigned short*)&bp.y;
+    pairs[4 * t + 3] = *(const unsigned short*)&bp.x;
+    back[2 * t] = __half2float(*(const __half*)(h + t));
+    back[2 * t + 1] = __bfloat162float(*(const __nv_bfloat16*)(b + t));
+}
+"""
+
+
+def test_half_conversions_round_to_nearest_even_and_widen_exactly():
+    n = 64
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(n) * 2.0 ** rng.integers(-30, 20, n)).astype(np.float32)
+    # ties of float16 (1 + 2^-11 (2k + 1)), of bfloat16, a float16 subnormal, overflows
+    x[:4] = np.float32([1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 1 + 3 * 2**-8])
+    x[4:8] = np.float32([3e-6, 70000.0, -3.4e38, 65520.0])
+    h = rng.integers(0, 2**16, n, dtype=np.uint16)
+    h[(h & 0x7C00) == 0x7C00] = 0x3C00  # (no infinities or NaNs)
+    b = rng.integers(0, 2**16, n, dtype=np.uint16)
+    b[(b & 0x7F80) == 0x7F80] = 0x3F80
+    to_h, to_b, pairs = np.zeros(n, np.uint16), np.zeros(n, np.uint16), np.zeros(4 * n, np.uint16)
+    back = np.full(2 * n, np.nan, np.float32)
+    _kernel(CONVERT_PROBE, "convert_probe").run(n, [x, h, b, to_h, to_b, pairs, back])
+    with np.errstate(over="ignore"):
+        want_h, want_nh = x.astype(np.float16).view(np.uint16), (-x).astype(np.float16).view(np.uint16)
+    want_b, want_nb = _bf16_bits(x), _bf16_bits(-x)
+    assert list(want_h[:2]) == [0x3C00, 0x3C02] and list(want_b[2:4]) == [0x3F80, 0x3F82]  # (to even)
+    assert (want_h[6], want_b[6], want_h[7]) == (0xFC00, 0xFF80, 0x7C00)  # (past the largest: infinities)
+    np.testing.assert_array_equal(to_h, want_h)
+    np.testing.assert_array_equal(to_b, want_b)
+    np.testing.assert_array_equal(pairs.reshape(n, 4), np.stack([want_nh, want_h, want_nb, want_b], axis=1))
+    np.testing.assert_array_equal(back[0::2], h.view(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(back[1::2], (b.astype(np.uint32) << 16).view(np.float32))
