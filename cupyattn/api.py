@@ -14,6 +14,8 @@ from .device import current_device, smem_limit_from_env
 from .plan import CXX_TYPES, MAX_HEAD_DIM, AttentionProblem, MmaConfig, parse_precision, plan_backward, plan_forward
 from .plan.policy import resolve_policy
 from .reference import causal_offset as _causal_offset
+from .tma import describable as _tma_describable
+from .tma import tma_maps
 
 LAYOUTS = ("bshd", "bhsd")
 
@@ -206,6 +208,7 @@ class _Call:
             self.Sq,
             self.Sk,
             aligned=all(_rows_16_byte_aligned(x) for x in arrays),
+            tma=all(_tma_describable(x) for x in (self.qs, self.ks, self.vs)),
             precision=self.precision,
             deterministic=deterministic,
         )
@@ -450,6 +453,8 @@ def attention(
                 np.float32(call.scale * LOG2E),
                 np.int32(call.causal_offset or 0),
                 *map(_ptr, staged),
+                # the wgmma forward of float16 / bfloat16: q, k, v by TMA
+                *((tma_maps(qs, ks, vs, cfg.block_m, cfg.block_n),) if getattr(cfg, "TMA_MAPS", False) else ()),
             ),
             plan.smem_bytes,
         )

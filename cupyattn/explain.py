@@ -16,6 +16,7 @@ from .plan import (
     PRECISION_TEXT,
     AttentionProblem,
     BackwardPlan,
+    FwdWgmmaHalfConfig,
     MmaConfig,
     Plan,
     Rejected,
@@ -42,6 +43,11 @@ def blocks_per_sm_by_registers(registers: int, threads: int, device: DeviceSpec)
 def precision_text(plan: Plan) -> str:
     """The precision mode that runs and on which units (Plan.precision_text)."""
     precision = plan.precision
+    if isinstance(plan.config, FwdWgmmaHalfConfig):
+        return (
+            f"{precision}: {PRECISION_TEXT[precision]} on tensor cores, warpgroup MMA (wgmma, sm_90a) on "
+            "tiles the TMA loads"
+        )
     if isinstance(plan.config, WgmmaConfig):
         return (
             f"{precision}: {PRECISION_TEXT[precision]} on tensor cores, warpgroup MMA "

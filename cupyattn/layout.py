@@ -20,6 +20,9 @@ def align(n: int, to: int = ALIGN) -> int:
     return (n + to - 1) // to * to
 
 
+_align = align  # (LayoutBuilder.add's parameter of the same name shadows it)
+
+
 @dataclasses.dataclass(frozen=True)
 class Buffer:
     name: str
@@ -67,14 +70,14 @@ class Layout:
 
 
 class LayoutBuilder:
-    """Appends buffers in order, each aligned to 16 bytes, as the kernels do."""
+    """Appends buffers in order, each aligned to 16 bytes (or ``align``), as the kernels do."""
 
     def __init__(self):
         self._buffers: list[Buffer] = []
         self._end = 0
 
-    def add(self, name: str, shape: tuple[int, ...], dtype: str, note: str = "") -> LayoutBuilder:
-        buf = Buffer(name, tuple(int(s) for s in shape), dtype, align(self._end), note)
+    def add(self, name: str, shape: tuple[int, ...], dtype: str, note: str = "", align: int = ALIGN) -> LayoutBuilder:
+        buf = Buffer(name, tuple(int(s) for s in shape), dtype, _align(self._end, align), note)
         self._buffers.append(buf)
         self._end = buf.end
         return self

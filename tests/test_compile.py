@@ -17,6 +17,7 @@ from cupyattn.plan import (
     AttentionProblem,
     FwdSimtConfig,
     FwdWgmmaConfig,
+    FwdWgmmaHalfConfig,
     MmaConfig,
     WgmmaConfig,
     check_expression,
@@ -347,6 +348,10 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
         text = cc.sass(cc.compile_only(cfg, arch))
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
+    if isinstance(cfg, FwdWgmmaHalfConfig):  # float16 / bfloat16 forward on sm_90 (plan._forward_families)
+        assert arch == "sm_90" and kernel == "forward"
+        _check_wgmma_half_sass(cfg, text)
+        return
     if isinstance(cfg, WgmmaConfig):  # float32 TF32 modes on sm_90 (plan._forward_families, _backward_families)
         assert arch == "sm_90" and re.search(r"HGMMA\.64x\d+x8\.F32\.TF32", text)
         assert "LDL" not in text and "STL" not in text
@@ -551,3 +556,71 @@ def test_wgmma_kernels_load_from_a_cubin_compiled_once_for_sm_90a(monkeypatch, t
     assert first.name == second.name and first.name.startswith("_Z")  # the lowered (mangled) name
     assert loaded[0] == loaded[1] and loaded[0][:4] == b"\x7fELF"  # the CUBIN
     assert len(list(tmp_path.glob("cupyattn_*.cubin"))) == 1
+
+
+def _check_wgmma_half_sass(cfg, text):
+    """The float16 / bfloat16 wgmma forward: k16 wgmmas of its type (S's D_PAD / 16, P V's
+    block_n / 16, none empty), TMA tile loads, the producer's and consumers' setmaxnreg, no
+    local memory."""
+    kind = r"\.BF16" if cfg.dtype == "bfloat16" else ""  # (float16 operands: HGMMA.64xNx16.F32)
+    lines = [line for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    wgmmas = [line for line in lines if "HGMMA" in line]
+    assert all(re.search(rf"HGMMA\.64x\d+x16\.F32{kind} ", line) for line in wgmmas), wgmmas[:2]
+    assert len(wgmmas) == cfg.head_dim_pad // 16 + cfg.block_n // 16
+    assert not cc.empty_wgmmas(text)
+    assert "UTMALDG.4D" in text and "SYNCS.PHASECHK" in text
+    assert "USETMAXREG.DEALLOC" in text and "USETMAXREG.TRY_ALLOC" in text
+    assert "LDL" not in text and "STL" not in text
+
+
+# The float16 / bfloat16 wgmma forward at every head dim the tensor cores take (8..256 step
+# 8, padded to 16 as planned), each dtype, causal and not, as planned on an H100.
+WGMMA_HALF_PLANNED = sorted(
+    (
+        cfg
+        for cfg in planned_configs(
+            named_device("h100"), range(8, 257, 8), ("float16", "bfloat16"), causals=(False, True)
+        ).values()
+        if isinstance(cfg, FwdWgmmaHalfConfig)
+    ),
+    key=lambda c: c.name_expression,
+)
+
+
+def test_wgmma_half_forward_is_planned_at_every_padded_head_dim():
+    assert {c.head_dim_pad for c in WGMMA_HALF_PLANNED} == set(range(16, 257, 16))
+    assert len(WGMMA_HALF_PLANNED) == 16 * 2 * 2
+
+
+@pytest.mark.parametrize("config", WGMMA_HALF_PLANNED, ids=[c.name_expression for c in WGMMA_HALF_PLANNED])
+def test_planned_wgmma_half_forward_compiles_without_spills(config):
+    report = cc.compile_only(config, "sm_90")
+    assert report.spills == 0 and report.stack_bytes == 0, (config.name_expression, report.registers, report.spills)
+    assert report.static_smem_bytes == 0  # the dynamic tiles start 1024-aligned only without static shared memory
+    # 384 threads: ptxas's 168 a thread; setmaxnreg moves them to the consumers (240).
+    assert report.registers == 168, (config.name_expression, report.registers)
+    # ptxas serializes every wgmma (a wait after each) where a branch or a read of their
+    # accumulators falls between issue and wait: C7514 / C7517 in its log.
+    assert "C7514" not in report.log and "C7517" not in report.log, report.log
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [40, 128, 256])
+def test_wgmma_half_forward_sass(dtype, d):
+    cfg = plan_forward(AttentionProblem(dtype, d, d, False, 4, 16, 16, 4096, 4096), named_device("h100")).config
+    assert isinstance(cfg, FwdWgmmaHalfConfig)
+    try:
+        text = cc.sass(cc.compile_only(cfg, "sm_90"))
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    _check_wgmma_half_sass(cfg, text)
+
+
+@pytest.mark.parametrize("pingpong", [False, True])
+def test_wgmma_half_forward_with_and_without_ping_pong_keeps_its_wgmmas_asynchronous(pingpong):
+    """Ping-pong's turns (named barriers) sit between the wgmmas' issue and their wait."""
+    for d, n in ((64, 128), (128, 128), (256, 80)):
+        for causal in (False, True):
+            cfg = FwdWgmmaHalfConfig("bfloat16", "bf16", d, 128, n, 8, causal, pingpong)
+            report = cc.compile_only(cfg, "sm_90")
+            assert report.spills == 0 and "C7514" not in report.log and "C7517" not in report.log, report.log

@@ -9,6 +9,7 @@ tensor cores sum exactly, so within float32 roundings, not bit for bit as on the
 The GPU tests (test_precision_gpu, test_backward_gpu, test_forward_gpu) run the same
 kernels on the GPU."""
 
+import _ptx_emulator
 import numpy as np
 import pytest
 from _ptx_emulator import PtxKernel
@@ -319,3 +320,47 @@ def test_wgmma_forward_runs_whole_on_the_emulator(precision, D, tile, causal):
     out, lse = _emulated_forward(cfg, q, k, v, offset)
     _close(out, want_out, "out", precision)
     np.testing.assert_allclose(lse, want_lse, rtol=TOLERANCE[precision], atol=0, err_msg="lse")
+
+
+def _half_array(values, dtype):
+    """float32 host values as a NumPy array of the 16-bit dtype the kernel reads."""
+    from cupyattn.testing import bfloat16_dtype
+
+    return values.astype(np.float16 if dtype == "float16" else bfloat16_dtype())
+
+
+@pytest.mark.skipif(not hasattr(_ptx_emulator, "tensor_map"), reason="the emulator has no TMA maps yet")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("D", [64, 72])
+@pytest.mark.parametrize("causal,Sq,Sk", [(False, 65, 65), (True, 65, 65), ("top_left", 65, 200)])
+def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk):
+    """The float16 / bfloat16 wgmma forward (producer warpgroup, TMA loads into swizzled
+    tiles, SS and RS wgmma, mbarrier stages) on B=1, H=1, S=65 (a partial query and key
+    tile) and, top-left causal, Sq=65 < Sk=200 (the key tile reaches past the rows' keys:
+    its V rows zeroed, 2 key tiles): no deadlock, no race, the float64 reference's output
+    and lse."""
+    from cupyattn import testing
+    from cupyattn.plan import FwdWgmmaHalfConfig
+    from cupyattn.reference import attention_reference, causal_offset, logit_bound
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    precision = "bf16" if dtype == "bfloat16" else "fp16"
+    cfg = FwdWgmmaHalfConfig(dtype, precision, (D + 15) // 16 * 16, 128, 128, 8, bool(causal))
+    rng = np.random.default_rng(D + Sk + bool(causal))
+    hq, hk, hv = (testing.host_values((1, s, 1, D), dtype, rng) for s in (Sq, Sk, Sk))
+    q, k, v = (_half_array(x, dtype) for x in (hq, hk, hv))
+    out = _half_array(np.full((1, Sq, 1, D), np.nan, np.float32), dtype)
+    lse = np.full((1, 1, Sq), np.nan, np.float32)
+    maps = np.concatenate([_ptx_emulator.tensor_map(q, 128), *(_ptx_emulator.tensor_map(x, 128) for x in (k, v))])
+    offset = causal_offset(causal, Sq, Sk) or 0
+    sizes = (np.int32(1), np.int32(1), np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D), np.int32(1))
+    scalars = (np.float32(LOG2E / np.sqrt(D)), np.int32(offset))
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(out))
+    _run(cfg, 1, [q, k, v, out, lse, *strides, *sizes, *scalars, maps], cfg.layout.total)
+    got = out.astype(np.float32)
+    ref, ref_lse = attention_reference(hq, hk, hv, causal)
+    ref_p, _ = attention_reference(hq, hk, hv, causal, precision=dtype)
+    cmp = testing.compare(got, ref, ref_p, dtype, Sk, logit_bound=logit_bound(hq, hk))
+    assert cmp.ok, str(cmp)
+    np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)

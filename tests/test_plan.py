@@ -5,6 +5,7 @@ import pytest
 from cupyattn.device import NAMED_DEVICES, named_device, smem_limit_from_env
 from cupyattn.layout import align
 from cupyattn.plan import (
+    FAMILIES,
     FWD_MMA_TILES,
     MAX_ACCUMULATORS_PER_LANE,
     AttentionProblem,
@@ -12,6 +13,7 @@ from cupyattn.plan import (
     FwdWgmmaConfig,
     MmaConfig,
     PlanError,
+    Policy,
     blocks_per_sm,
     plan_backward,
     plan_forward,
@@ -179,13 +181,17 @@ def test_backward_is_planned_apart_from_the_forward():
 
 
 def test_tensor_core_forward_is_chosen_only_where_it_can_run():
-    from cupyattn.plan import FwdMmaConfig
+    from cupyattn.plan import FwdMmaConfig, FwdWgmmaHalfConfig
 
     def cfg(dtype="float16", d=128, dv=None, device="h100", aligned=True):
         problem = AttentionProblem(dtype, d, dv or d, True, 4, 16, 16, 4096, 4096, aligned=aligned)
         return plan_forward(problem, named_device(device)).config
 
-    assert isinstance(cfg(), FwdMmaConfig) and isinstance(cfg("bfloat16", 256), FwdMmaConfig)
+    # sm_90: the wgmma forward on TMA-loaded tiles; mma.sync elsewhere (test_wgmma_half_* below).
+    assert isinstance(cfg(), FwdWgmmaHalfConfig) and isinstance(cfg("bfloat16", 256), FwdWgmmaHalfConfig)
+    assert isinstance(cfg(device="a100"), FwdMmaConfig) and isinstance(
+        cfg("bfloat16", 256, device="a100"), FwdMmaConfig
+    )
     assert cfg(device="rtx3090").block_m < 128 or cfg(device="rtx3090").block_n < 64  # 104448 > 101376 bytes
     assert isinstance(cfg(d=40, device="a100"), FwdMmaConfig)  # 40 pads to 48
     assert isinstance(cfg("float32"), FwdMmaConfig) and cfg("float32").precision == "fp32"  # 3xTF32
@@ -868,3 +874,106 @@ def test_policy_values_are_normalised_and_bad_ones_name_their_argument():
     problem = AttentionProblem("float16", 64, 64, False)
     with pytest.raises(TypeError, match="policy: expected a cupyattn.plan.Policy or None, got str"):
         plan_forward(problem, named_device("h200"), "mma")
+
+
+# ---- The float16 / bfloat16 wgmma forward on TMA-loaded tiles (sm_90) ----
+
+
+def _half_plan(dtype="bfloat16", d=128, causal=False, device="h100", sq=4096, sk=None, policy=None, **kw):
+    problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, sq, sk or sq, **kw)
+    return plan_forward(problem, named_device(device), policy)
+
+
+@pytest.mark.parametrize("device", ["h100", "h200"])
+def test_wgmma_half_forward_is_planned_first_for_half_inputs_on_sm_90(device):
+    from cupyattn.plan import FwdWgmmaHalfConfig
+
+    for dtype in ("float16", "bfloat16"):
+        for d in range(8, 257, 8):
+            for causal in (False, True):
+                cfg = _half_plan(dtype, d, causal, device).config
+                assert isinstance(cfg, FwdWgmmaHalfConfig), (dtype, d, causal, cfg.name_expression)
+                assert cfg.head_dim_pad == (d + 15) // 16 * 16 and cfg.threads == 384
+                assert (cfg.block_m, cfg.num_warps) == (128, 8)
+                # FlashAttention-3's tiles: 128 x 128 up to head dim 128, 128 x 80 past it.
+                assert cfg.block_n == (128 if d <= 128 else 80)
+                assert cfg.stages == (3 if d <= 64 else 2)
+                assert cfg.layout.total <= 232448
+
+
+def test_wgmma_half_forward_falls_back_to_mma_sync_where_tma_cannot_run():
+    from cupyattn.plan import FwdMmaConfig, FwdSimtConfig, FwdWgmmaHalfConfig
+
+    assert isinstance(_half_plan(tma=False).config, FwdMmaConfig)  # e.g. negative strides
+    assert isinstance(_half_plan(aligned=False).config, FwdSimtConfig)  # rows not on 16 bytes
+    for device in ("a100", "rtx4090", "b200"):  # wgmma and setmaxnreg: sm_90a only
+        assert isinstance(_half_plan(device=device).config, FwdMmaConfig), device
+    assert not isinstance(_half_plan("float32").config, FwdWgmmaHalfConfig)
+    assert isinstance(
+        plan_forward(AttentionProblem("float16", 128, 64, False), named_device("h100")).config, FwdSimtConfig
+    )
+    # A policy without the family plans mma.sync's forward.
+    no_half = Policy(families={"simt", "mma", "wgmma", "fused"})
+    assert isinstance(_half_plan(policy=no_half).config, FwdMmaConfig)
+
+
+def test_wgmma_half_forward_goes_after_mma_sync_for_short_queries_unless_the_policy_asks():
+    from cupyattn.plan import FwdMmaConfig, FwdWgmmaHalfConfig
+
+    only = Policy(families={"wgmma_half"})
+    for sq in (1, 17, 64):
+        assert isinstance(_half_plan(sq=sq, sk=4096).config, FwdMmaConfig), sq
+        cfg = _half_plan(sq=sq, sk=17, policy=only).config  # its 128-row tile, not capped to the queries
+        assert isinstance(cfg, FwdWgmmaHalfConfig) and cfg.block_m == 128
+    assert isinstance(_half_plan(sq=1000, sk=17).config, FwdWgmmaHalfConfig)
+    with pytest.raises(PlanError):  # nothing else allowed where it cannot run
+        _half_plan(tma=False, policy=only)
+
+
+def test_wgmma_half_forward_layout_is_swizzle_aligned_with_its_barriers():
+    from cupyattn.plan import FwdWgmmaHalfConfig
+
+    for d, n in ((16, 128), (64, 128), (80, 128), (128, 128), (192, 80), (256, 80), (256, 64)):
+        cfg = FwdWgmmaHalfConfig("float16", "fp16", d, 128, n, 8, True)
+        lay = cfg.layout
+        chunks, stages = -(-d // 64), cfg.stages
+        assert [b.name for b in lay] == ["q_tile", "k_tiles", "v_tiles", "barriers"]
+        assert all(b.offset % 1024 == 0 for b in lay)
+        assert lay["q_tile"].shape == (chunks, 128, 64) and lay["q_tile"].bytes == chunks * 128 * 128
+        assert lay["k_tiles"].shape == lay["v_tiles"].shape == (stages, chunks, n, 64)
+        assert lay["barriers"].shape == (1 + 4 * stages,) and lay["barriers"].dtype == "uint64"
+        assert lay.total == lay["barriers"].offset + 8 * (1 + 4 * stages)
+    plan = _half_plan("float16", 256, True)
+    text = plan.describe()
+    assert "producer warpgroup" in text and "TMA" in text and "240 registers" in text
+    assert "warpgroup MMA" in plan.precision_text
+
+
+def test_wgmma_half_family_and_tiles_come_from_the_policy():
+    from cupyattn.plan import TILE_KEYS, FwdWgmmaHalfConfig
+
+    assert "wgmma_half" in FAMILIES and "fwd_wgmma_half" in TILE_KEYS
+    cfg = _half_plan(d=64, policy=Policy(tiles={"fwd_wgmma_half": [(128, 64, 8)]})).config
+    assert isinstance(cfg, FwdWgmmaHalfConfig) and cfg.block_n == 64
+
+
+def test_tma_maps_take_only_views_a_map_can_describe():
+    from types import SimpleNamespace
+
+    from cupyattn import tma
+
+    def view(ptr, shape, strides):
+        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), shape=shape, strides=strides)
+
+    b = 2  # bytes a 16-bit element
+    packed = (1000 * 8 * 64 * b, 8 * 64 * b, 64 * b, b)
+    assert tma.describable(view(4096, (2, 1000, 8, 64), packed))
+    assert not tma.describable(view(4098, (2, 1000, 8, 64), packed))  # base off 16 bytes
+    assert not tma.describable(view(4096, (2, 1000, 8, 36), (1000 * 8 * 36 * b, 8 * 36 * b, 36 * b, b)))
+    assert not tma.describable(view(4096, (2, 1000, 8, 64), (packed[0], -packed[1], packed[2], b)))  # reversed
+    # A dim of length 1 is never stepped: its stride may be anything, and the driver gets a valid one.
+    odd = (3, 8 * 64 * b, 64 * b, b)
+    assert tma.describable(view(4096, (1, 1000, 8, 64), odd))
+    s, h, bb = tma._strides_for_encoding((1, 1000, 8, 64), odd, b)
+    assert (s, h) == odd[1:3] and bb % 16 == 0 and bb >= 1000 * 8 * 64 * b
+    assert tma.TMA_MAPS.itemsize == 3 * 128

@@ -62,6 +62,7 @@ from .tiles import (
     FWD_MMA_TILES,
     FWD_SIMT_TILES,
     FWD_WGMMA_FIRST,
+    FWD_WGMMA_HALF_TILES,
     FWD_WGMMA_TILES,
     TF32_TILE_MOVES,
     WGMMA_BACKWARD_MIN_ROWS,
@@ -69,6 +70,7 @@ from .tiles import (
     WGMMA_FORWARD_MIN_KEYS,
 )
 from .wgmma import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, BwdFusedWgmmaConfig, FwdWgmmaConfig, WgmmaConfig
+from .wgmma_half import FwdWgmmaHalfConfig
 
 __all__ = [
     "AttentionProblem",
@@ -87,6 +89,7 @@ __all__ = [
     "FwdMmaConfig",
     "FwdSimtConfig",
     "FwdWgmmaConfig",
+    "FwdWgmmaHalfConfig",
     "MAX_HEAD_DIM",
     "MMA_OPS",
     "MmaConfig",
@@ -115,6 +118,7 @@ __all__ = [
     "FWD_MMA_TILES",
     "FWD_SIMT_TILES",
     "FWD_WGMMA_FIRST",
+    "FWD_WGMMA_HALF_TILES",
     "FWD_WGMMA_TILES",
     "TF32_TILE_MOVES",
     "WGMMA_BACKWARD_MIN_ROWS",

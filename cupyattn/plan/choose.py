@@ -22,6 +22,7 @@ from .simt import (
     SimtConfig,
 )
 from .wgmma import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, BwdFusedWgmmaConfig, FwdWgmmaConfig
+from .wgmma_half import FwdWgmmaHalfConfig
 
 
 def check_expression(config) -> str | None:
@@ -154,14 +155,26 @@ def _ordered(wgmma, mma, wgmma_first: bool) -> tuple:
     return tuple(p for p in pairs if p is not None)
 
 
-def _forward_families(precision: str, head_dim_pad: int, causal: bool, streamed_keys: int, policy: Policy) -> tuple:
+def _forward_families(
+    precision: str, head_dim_pad: int, causal: bool, streamed_keys: int, policy: Policy, tma: bool = True, seqlen_q=None
+) -> tuple:
     """The forward's tensor-core (kernel class, tiles) in preference order: on sm_90 the
-    wgmma tiles (the fastest of this mode, head dim class and causality first), then
-    mma.sync's (elsewhere the wgmma class is not eligible); mma.sync first where a query
-    block sees fewer than the policy's wgmma_forward_min_keys."""
+    float16 / bfloat16 wgmma kernel first where TMA maps can describe q, k and v (``tma``;
+    after mma.sync for queries shorter than its 128-row tiles fill); the float32 wgmma tiles
+    (the fastest of this mode, head dim class and causality first), then mma.sync's
+    (elsewhere the wgmma classes are not eligible); mma.sync before the float32 wgmma tiles
+    where a query block sees fewer than the policy's wgmma_forward_min_keys."""
+    half = None
+    if tma:
+        first = T.fwd_wgmma_half_first(head_dim_pad)
+        half = _family(policy, "wgmma_half", FwdWgmmaHalfConfig, "fwd_wgmma_half", first)
     wgmma = _family(policy, "wgmma", FwdWgmmaConfig, "fwd_wgmma", T.fwd_wgmma_first(precision, head_dim_pad, causal))
     mma = _family(policy, "mma", FwdMmaConfig, "fwd_mma", precision=precision)
-    return _ordered(wgmma, mma, streamed_keys >= policy.wgmma_forward_min_keys)
+    ordered = _ordered(wgmma, mma, streamed_keys >= policy.wgmma_forward_min_keys)
+    if half is None:
+        return ordered
+    short = seqlen_q is not None and seqlen_q < T.WGMMA_HALF_FORWARD_MIN_QUERIES
+    return (*ordered, half) if short else (half, *ordered)
 
 
 def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_rows: int, policy: Policy) -> tuple:
@@ -187,8 +200,9 @@ def _mma_candidates(
     configs, skipped = [], []
     if not mma_eligible(problem, device) or not cls.runs_on(device, problem.dtype, precision):
         return configs, skipped
+    capped = not getattr(cls, "FIXED_BLOCK_M", False)
     for block_m, block_n, warps in tiles:
-        if block_m > max(16, max_block_m) or block_n > max(16, max_block_n):
+        if capped and (block_m > max(16, max_block_m) or block_n > max(16, max_block_n)):
             continue
         d_pad = cls.head_dim_pad_for(problem.head_dim, block_m, block_n, warps)
         cfg = cls(problem.dtype, precision, d_pad, block_m, block_n, warps, bool(problem.causal))
@@ -311,7 +325,9 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec, policy: Policy |
     seen_k = problem.seqlen_k // 2 if problem.causal else problem.seqlen_k
     return _plan_pass(
         "forward",
-        lambda precision: _forward_families(precision, d_pad, problem.causal, seen_k, policy),
+        lambda precision: _forward_families(
+            precision, d_pad, problem.causal, seen_k, policy, problem.tma, problem.seqlen_q
+        ),
         simt,
         problem,
         device,

@@ -99,6 +99,9 @@ class AttentionProblem:
     precision: tuple[str, ...] = ()
     # The backward must be bitwise reproducible (no float32 atomics: a dQ pass of its own).
     deterministic: bool = True
+    # TMA maps can describe q, k and v (tma.describable: 16-byte aligned base, byte strides
+    # multiples of 16, non-negative, below 2^40): the float16 / bfloat16 wgmma forward.
+    tma: bool = True
 
     def __post_init__(self):
         if self.dtype not in CXX_TYPES:

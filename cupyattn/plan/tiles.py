@@ -190,6 +190,28 @@ BWD_FUSED_WGMMA_TILES = (
 # only 4-warp tiles fit beside K^T, or none.
 BWD_FUSED_WHERE_FASTER = frozenset({("tf32", 64)})
 
+# ---- sm_90: wgmma on float16 / bfloat16 (TMA-loaded tiles; attn_fwd_wgmma_half) ----
+
+# Forward: two consumer warpgroups of 64 query rows (block_m 128, 8 warps) and a producer
+# warpgroup; K and V tiles of block_n keys, 2 stages (3 at head dims up to 64). The first
+# that fits sm_90's 232448 bytes at the head dim goes first (fwd_wgmma_half_first).
+FWD_WGMMA_HALF_TILES = (
+    (128, 128, 8),  # head dims up to 128: Q + 2 stages of K and V in 160 KiB (3 stages at 64: 112 KiB)
+    (128, 80, 8),  # up to 256: the widest key tile whose two stages fit beside Q (224 KiB at 256)
+    (128, 64, 8),  # the smallest: 192 KiB at 256
+)
+# Its 128-row tiles go first from this many query rows; shorter queries take mma.sync's
+# shorter tiles first (the planner's cap on block_m does not apply to this fixed tile).
+WGMMA_HALF_FORWARD_MIN_QUERIES = 65
+# The tiles that go first from a padded head dim on (FlashAttention-3's, tile_size.h).
+FWD_WGMMA_HALF_FIRST = ((144, ((128, 80, 8),)),)
+
+
+def fwd_wgmma_half_first(head_dim_pad: int) -> tuple:
+    """The float16 / bfloat16 wgmma forward tiles that go first at this padded head dim."""
+    return next((tiles for start, tiles in reversed(FWD_WGMMA_HALF_FIRST) if head_dim_pad >= start), ())
+
+
 # The wgmma forward pays from this many keys a query block sees (half the sequence when
 # causal): below it its staging launch does not pay back over so few key tiles.
 WGMMA_FORWARD_MIN_KEYS = 512

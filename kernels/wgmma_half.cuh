@@ -1,0 +1,201 @@
+// Hopper warpgroup MMA on 16-bit operands (sm_90a): wgmma m64nNk16 with float16 or
+// bfloat16 operands and float32 accumulators, A and B from shared memory (SS) or A from
+// registers (RS); 128-byte-swizzled shared-memory tiles written by the TMA
+// (cp.async.bulk.tensor from a CUtensorMap that cupyattn/tma.py encodes).
+//
+// Swizzled tiles: a tile of R rows (R % 8 == 0) and C columns is C / 64 chunks of R rows
+// of 128 bytes, element (r, c) at byte
+//   (c / 64) * R * 128 + r * 128 + (((c % 64) / 8) ^ (r % 8)) * 16 + (c % 8) * 2,
+// every chunk 1024-byte aligned (the XOR reads address bits 7-9). K-major operands (Q, K
+// of S = Q K^T) step 16 columns by 32 bytes inside a chunk; V (the B operand of P V,
+// MN-major: keys x head dim as in memory) steps 16 keys by 2048 bytes, its 64-column
+// chunks BLOCK_N * 128 bytes apart (the descriptor's leading byte offset).
+//
+// Accumulators as wgmma.cuh's (d[j][e]: row g + 8 (e / 2), column 8j + 2t + e % 2); the
+// register A operand of the k-step over columns 16kk..16kk+15 is MmaHalf's a_from_acc of
+// blocks 2kk and 2kk + 1, so P goes from S's accumulators to P V in-thread.
+#pragma once
+
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+namespace cupyattn {
+
+// A CUtensorMap (128 bytes, 64-aligned) as a kernel parameter (__grid_constant__): the TMA
+// reads it by its generic address.
+struct alignas(64) TmaMap {
+    unsigned long long w[16];
+};
+// The forward's maps: rank 4 over a (B, S, H, D) array, dims {D, S, H, B} innermost first,
+// box {64, rows, 1, 1}, 128-byte swizzle, zeros outside the array.
+struct TmaMaps {
+    TmaMap q, k, v;
+};
+static_assert(sizeof(TmaMaps) == 384, "TmaMaps: tma.TMA_MAPS is three maps of 128 bytes");
+
+// Descriptor of a 128-byte-swizzled operand at shared address base + offset: the stride
+// byte offset (next 8 rows) is 1024 and the layout field 1 (bits 62-63), so the high word
+// is constant; the low word is the address / 16 and the leading byte offset / 16 at bit
+// 16 (shared addresses stay below 2^18, so offsets add without carrying into it).
+__device__ __forceinline__ unsigned long long desc_sw128(unsigned base, unsigned leading, unsigned offset = 0) {
+    const unsigned lo = ((base >> 4) | ((leading >> 4) << 16)) + (offset >> 4);
+    return (unsigned long long)lo | (0x40000040ull << 32);
+}
+
+// The barrier's current phase waits for `bytes` more bytes of TMA copies (this thread's
+// arrival counted).
+__device__ __forceinline__ void mbarrier_expect_tx(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wg_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+
+// One box of `map` at coordinates {c, r, h, b} (column, row, head, batch) into shared dst,
+// counted on bar; parts outside the array are zeros.
+__device__ __forceinline__ void tma_load_4d(void* dst, const TmaMap* map, int c, int r, int h, int b,
+                                            unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+        "[%6];\n" ::"r"(wg_smem_addr(dst)),
+        "l"(map), "r"(c), "r"(r), "r"(h), "r"(b), "r"(wg_smem_addr(bar))
+        : "memory");
+}
+
+__device__ __forceinline__ void prefetch_tma_map(const TmaMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
+// Registers move between warpgroups: every thread of a warpgroup runs the same one.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N) : "memory");
+}
+
+// This warp arrives at named barrier `id` of `threads` threads without waiting.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+#define CUPYATTN_HACC8(d, j)                                                                                           \
+    "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3]), "+f"(d[j + 1][0]), "+f"(d[j + 1][1]),                  \
+        "+f"(d[j + 1][2]), "+f"(d[j + 1][3])
+
+// d (+)= A B, m64nNk16, S = __half or __nv_bfloat16 operands. ss: A and B by descriptor,
+// both K-major; rs: A from registers (4 words), B by descriptor, MN-major (transposed).
+// ACCUMULATE = false overwrites d (scale-d = 0).
+template <typename S, int N>
+struct WgmmaHalf;
+
+#define CUPYATTN_WGMMA_HALF_TYPED(TY, N, REGS, SS_A, SS_B, SS_P, RS_A, RS_B, RS_P, ...)                                \
+    template <bool ACCUMULATE>                                                                                         \
+    __device__ static void ss_##TY(float (&d)[N / 8][4], unsigned long long a, unsigned long long b) {                 \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_P                                                          \
+                     ", 0;\n"                                                                                          \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " {" REGS "}, " SS_A ", " SS_B      \
+                     ", p, 1, 1, 0, 0;\n}\n"                                                                           \
+                     : __VA_ARGS__                                                                                     \
+                     : "l"(a), "l"(b), "n"((int)ACCUMULATE));                                                          \
+    }                                                                                                                  \
+    template <bool ACCUMULATE>                                                                                         \
+    __device__ static void rs_##TY(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) {               \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " RS_P                                                          \
+                     ", 0;\n"                                                                                          \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " {" REGS "}, {" RS_A "}, " RS_B    \
+                     ", p, 1, 1, 1;\n}\n"                                                                              \
+                     : __VA_ARGS__                                                                                     \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"((int)ACCUMULATE));                      \
+    }
+
+#define CUPYATTN_WGMMA_HALF(N, REGS, SS_A, SS_B, SS_P, RS_A, RS_B, RS_P, ...)                                          \
+    template <typename S>                                                                                              \
+    struct WgmmaHalf<S, N> {                                                                                           \
+        CUPYATTN_WGMMA_HALF_TYPED(f16, N, REGS, SS_A, SS_B, SS_P, RS_A, RS_B, RS_P, __VA_ARGS__)                       \
+        CUPYATTN_WGMMA_HALF_TYPED(bf16, N, REGS, SS_A, SS_B, SS_P, RS_A, RS_B, RS_P, __VA_ARGS__)                      \
+        template <bool ACCUMULATE>                                                                                     \
+        __device__ static void ss(float (&d)[N / 8][4], unsigned long long a, unsigned long long b) {                  \
+            if constexpr (same_type<S, __half>)                                                                        \
+                ss_f16<ACCUMULATE>(d, a, b);                                                                           \
+            else                                                                                                       \
+                ss_bf16<ACCUMULATE>(d, a, b);                                                                          \
+        }                                                                                                              \
+        template <bool ACCUMULATE>                                                                                     \
+        __device__ static void rs(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) {                \
+            if constexpr (same_type<S, __half>)                                                                        \
+                rs_f16<ACCUMULATE>(d, a, b);                                                                           \
+            else                                                                                                       \
+                rs_bf16<ACCUMULATE>(d, a, b);                                                                          \
+        }                                                                                                              \
+    };
+
+// The operand lists as written (formatted, they do not settle).
+// clang-format off
+CUPYATTN_WGMMA_HALF(64,
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31",
+        "%32", "%33", "%34", "%32, %33, %34, %35", "%36", "%37",
+        CUPYATTN_HACC8(d, 0), CUPYATTN_HACC8(d, 2), CUPYATTN_HACC8(d, 4), CUPYATTN_HACC8(d, 6))
+CUPYATTN_WGMMA_HALF(80,
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39",
+        "%40", "%41", "%42", "%40, %41, %42, %43", "%44", "%45",
+        CUPYATTN_HACC8(d, 0), CUPYATTN_HACC8(d, 2), CUPYATTN_HACC8(d, 4), CUPYATTN_HACC8(d, 6),
+        CUPYATTN_HACC8(d, 8))
+CUPYATTN_WGMMA_HALF(96,
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+        "%42, %43, %44, %45, %46, %47",
+        "%48", "%49", "%50", "%48, %49, %50, %51", "%52", "%53",
+        CUPYATTN_HACC8(d, 0), CUPYATTN_HACC8(d, 2), CUPYATTN_HACC8(d, 4), CUPYATTN_HACC8(d, 6),
+        CUPYATTN_HACC8(d, 8), CUPYATTN_HACC8(d, 10))
+CUPYATTN_WGMMA_HALF(128,
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+        "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+        "%62, %63",
+        "%64", "%65", "%66", "%64, %65, %66, %67", "%68", "%69",
+        CUPYATTN_HACC8(d, 0), CUPYATTN_HACC8(d, 2), CUPYATTN_HACC8(d, 4), CUPYATTN_HACC8(d, 6),
+        CUPYATTN_HACC8(d, 8), CUPYATTN_HACC8(d, 10), CUPYATTN_HACC8(d, 12), CUPYATTN_HACC8(d, 14))
+CUPYATTN_WGMMA_HALF(176,
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+        "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+        "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+        "%82, %83, %84, %85, %86, %87",
+        "%88", "%89", "%90", "%88, %89, %90, %91", "%92", "%93",
+        CUPYATTN_HACC8(d, 0), CUPYATTN_HACC8(d, 2), CUPYATTN_HACC8(d, 4), CUPYATTN_HACC8(d, 6),
+        CUPYATTN_HACC8(d, 8), CUPYATTN_HACC8(d, 10), CUPYATTN_HACC8(d, 12), CUPYATTN_HACC8(d, 14),
+        CUPYATTN_HACC8(d, 16), CUPYATTN_HACC8(d, 18), CUPYATTN_HACC8(d, 20))
+CUPYATTN_WGMMA_HALF(192,
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+        "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+        "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+        "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95",
+        "%96", "%97", "%98", "%96, %97, %98, %99", "%100", "%101",
+        CUPYATTN_HACC8(d, 0), CUPYATTN_HACC8(d, 2), CUPYATTN_HACC8(d, 4), CUPYATTN_HACC8(d, 6),
+        CUPYATTN_HACC8(d, 8), CUPYATTN_HACC8(d, 10), CUPYATTN_HACC8(d, 12), CUPYATTN_HACC8(d, 14),
+        CUPYATTN_HACC8(d, 16), CUPYATTN_HACC8(d, 18), CUPYATTN_HACC8(d, 20), CUPYATTN_HACC8(d, 22))
+CUPYATTN_WGMMA_HALF(256,
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+        "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+        "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+        "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, "
+        "%102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, "
+        "%119, %120, %121, %122, %123, %124, %125, %126, %127",
+        "%128", "%129", "%130", "%128, %129, %130, %131", "%132", "%133",
+        CUPYATTN_HACC8(d, 0), CUPYATTN_HACC8(d, 2), CUPYATTN_HACC8(d, 4), CUPYATTN_HACC8(d, 6),
+        CUPYATTN_HACC8(d, 8), CUPYATTN_HACC8(d, 10), CUPYATTN_HACC8(d, 12), CUPYATTN_HACC8(d, 14),
+        CUPYATTN_HACC8(d, 16), CUPYATTN_HACC8(d, 18), CUPYATTN_HACC8(d, 20), CUPYATTN_HACC8(d, 22),
+        CUPYATTN_HACC8(d, 24), CUPYATTN_HACC8(d, 26), CUPYATTN_HACC8(d, 28), CUPYATTN_HACC8(d, 30))
+
+// clang-format on
+
+#undef CUPYATTN_WGMMA_HALF
+#undef CUPYATTN_WGMMA_HALF_TYPED
+#undef CUPYATTN_HACC8
+
+}  // namespace cupyattn
