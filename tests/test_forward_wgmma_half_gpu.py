@@ -13,6 +13,7 @@ from cupyattn.plan import AttentionProblem, FwdMmaConfig, FwdWgmmaHalfConfig, Po
 pytestmark = pytest.mark.gpu
 
 ONLY_HALF = Policy(families={"wgmma_half"})
+HALF_OR_MMA = Policy(families={"wgmma_half", "mma"})
 HALF = ("float16", "bfloat16")
 
 
@@ -22,6 +23,14 @@ def _hopper():
 
     if current_device().compute_capability != (9, 0):
         pytest.skip("the wgmma forward runs on sm_90 only")
+
+
+def _plan_of(q, k, v, policy=None):
+    from cupyattn.api import _validate
+    from cupyattn.device import current_device
+
+    call = _validate(q, k, v, True, None, "bshd")
+    return plan_forward(call.problem(), current_device(), policy).config
 
 
 def _check(**p):
@@ -51,7 +60,27 @@ def test_odd_lengths(dtype, Sq, Sk, causal, D):
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("causal", [False, True])
 def test_gqa_strided_and_bhsd(dtype, causal):
-    _check(B=2, Sq=257, Sk=385, Hq=8, Hkv=2, D=128, dtype=dtype, causal=causal, strided=True, seed=3)
+    """GQA on views a TMA map describes: rows and heads of a NaN-padded buffer (16-byte
+    multiples), and the (B, H, S, D) layout."""
+    import cupyattn
+    from cupyattn.reference import attention_reference, logit_bound
+
+    rng = np.random.default_rng(3)
+    B, Sq, Sk, Hq, Hkv, D = 2, 257, 385, 8, 2, 128
+    hq = testing.host_values((B, Sq, Hq, D), dtype, rng)
+    hk, hv = (testing.host_values((B, Sk, Hkv, D), dtype, rng) for _ in range(2))
+
+    def padded(x):  # a view into a buffer with 2 more heads and 8 more columns, NaN there
+        big = np.full((x.shape[0], x.shape[1], x.shape[2] + 2, x.shape[3] + 8), np.nan, np.float32)
+        big[:, :, 1 : 1 + x.shape[2], : x.shape[3]] = x
+        return testing.to_device(big, dtype)[:, :, 1 : 1 + x.shape[2], : x.shape[3]]
+
+    q, k, v = (padded(x) for x in (hq, hk, hv))
+    assert isinstance(_plan_of(q, k, v, ONLY_HALF), FwdWgmmaHalfConfig)
+    out = testing.to_host(cupyattn.attention(q, k, v, causal=causal, policy=ONLY_HALF))
+    ref, _ = attention_reference(hq, hk, hv, causal=causal)
+    ref_p, _ = attention_reference(hq, hk, hv, causal=causal, precision=dtype)
+    assert testing.compare(out, ref, ref_p, dtype, Sk, logit_bound=logit_bound(hq, hk)).ok
     _check(B=2, Sq=200, Sk=200, Hq=6, Hkv=3, D=64, dtype=dtype, causal=causal, layout="bhsd", seed=4, scale=0.3)
 
 
@@ -88,14 +117,6 @@ def test_nan_in_keys_no_row_sees_stays_out(dtype, D):
     assert testing.compare(out, ref, ref_p, dtype, Sk, logit_bound=logit_bound(hq, hk)).ok
 
 
-def _plan_of(q, k, v):
-    from cupyattn.api import _validate
-    from cupyattn.device import current_device
-
-    call = _validate(q, k, v, True, None, "bshd")
-    return plan_forward(call.problem(), current_device()).config
-
-
 @pytest.mark.parametrize("dtype", HALF)
 def test_views_a_tma_map_cannot_describe_fall_back_to_mma_sync(dtype):
     """Reversed rows (negative strides: 16-byte aligned, but no TMA map) take the mma.sync
@@ -103,12 +124,12 @@ def test_views_a_tma_map_cannot_describe_fall_back_to_mma_sync(dtype):
     import cupyattn
 
     rng = np.random.default_rng(5)
-    B, S, H, D = 2, 300, 2, 64
+    B, S, H, D = 2, 1100, 8, 64  # 144 blocks of 128 rows: the 128-row tiles fill the 132 SMs
     hq, hk, hv = (testing.host_values((B, S, H, D), dtype, rng) for _ in range(3))
     q, k, v = (testing.to_device(x, dtype) for x in (hq, hk, hv))
-    assert isinstance(_plan_of(q, k, v), FwdWgmmaHalfConfig)
+    assert isinstance(_plan_of(q, k, v, HALF_OR_MMA), FwdWgmmaHalfConfig)
     qr = q[:, ::-1]
-    assert isinstance(_plan_of(qr, k, v), FwdMmaConfig)
+    assert isinstance(_plan_of(qr, k, v, HALF_OR_MMA), FwdMmaConfig)
     out = testing.to_host(cupyattn.attention(qr, k, v, causal=True))
     from cupyattn.reference import attention_reference, logit_bound
 
