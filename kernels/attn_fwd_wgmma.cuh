@@ -277,34 +277,9 @@ attn_fwd_wgmma(const float* __restrict__ q, const float* __restrict__ k, const f
         const bool needs_mask = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const int row = warp_row0 + g + half * 8;
-            float row_max = CUPYATTN_NEG_INF;
-#pragma unroll
-            for (int j = 0; j < N_BLOCKS; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[j][half * 2 + e];
-                    const int col = n0 + j * 8 + 2 * t + e;
-                    // (& and |, not && and ||: a select, not a branch an entry)
-                    const bool visible = !needs_mask | ((col < seqlen_k) & (!CAUSAL | (col <= row + causal_offset)));
-                    x = visible ? x * scale_log2 : CUPYATTN_NEG_INF;
-                    row_max = fmaxf(row_max, x);
-                }
-            row_max = group_max<4>(row_max);
-            const float m_new = fmaxf(m_run[half], row_max);
-            const float base = m_new == CUPYATTN_NEG_INF ? 0.0f : m_new;
-            const float alpha = exp2f(m_run[half] - base);
-            float row_sum = 0.0f;
-#pragma unroll
-            for (int j = 0; j < N_BLOCKS; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[j][half * 2 + e];
-                    x = exp2f(x - base);
-                    row_sum += x;
-                }
-            l_run[half] = l_run[half] * alpha + group_sum<4>(row_sum);
-            m_run[half] = m_new;
+            const float alpha =
+                online_softmax_row<N_BLOCKS, CAUSAL>(s, half, warp_row0 + g + half * 8, n0, t, needs_mask, seqlen_k,
+                                                     causal_offset, scale_log2, m_run[half], l_run[half]);
 #pragma unroll
             for (int c = 0; c < O_CHUNKS; ++c)
 #pragma unroll

@@ -207,4 +207,42 @@ CUPYATTN_WGMMA_TF32(128, CUPYATTN_REGS64, "%64", "%65", "%66", "%64, %65, %66, %
 #undef CUPYATTN_REGS8
 #undef CUPYATTN_ACC8
 
+// One online-softmax step for row `half` (lane row g, or g + 8) of a warp's 16 rows of the
+// m64nN accumulator s, keys n0 on: scores scaled to base 2 (entries no row may see, where
+// needs_mask, to -inf), exponentiated in place against the new running max, the running
+// max and sum updated. Returns the factor the row's O accumulators take.
+template <int N_BLOCKS, bool CAUSAL>
+__device__ __forceinline__ float online_softmax_row(float (&s)[N_BLOCKS][4], int half, int row, int n0, int t,
+                                                    bool needs_mask, int seqlen_k, int causal_offset, float scale_log2,
+                                                    float& m_run, float& l_run) {
+    float row_max = CUPYATTN_NEG_INF;
+#pragma unroll
+    for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float& x = s[j][half * 2 + e];
+            const int col = n0 + j * 8 + 2 * t + e;
+            // (& and |, not && and ||: a select, not a branch an entry)
+            const bool visible = !needs_mask | ((col < seqlen_k) & (!CAUSAL | (col <= row + causal_offset)));
+            x = visible ? x * scale_log2 : CUPYATTN_NEG_INF;
+            row_max = fmaxf(row_max, x);
+        }
+    row_max = group_max<4>(row_max);
+    const float m_new = fmaxf(m_run, row_max);
+    const float base = m_new == CUPYATTN_NEG_INF ? 0.0f : m_new;
+    const float alpha = exp2f(m_run - base);
+    float row_sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float& x = s[j][half * 2 + e];
+            x = exp2f(x - base);
+            row_sum += x;
+        }
+    l_run = l_run * alpha + group_sum<4>(row_sum);
+    m_run = m_new;
+    return alpha;
+}
+
 }  // namespace cupyattn
