@@ -14,8 +14,8 @@ from .device import current_device, smem_limit_from_env
 from .plan import CXX_TYPES, MAX_HEAD_DIM, AttentionProblem, MmaConfig, parse_precision, plan_backward, plan_forward
 from .plan.policy import resolve_policy
 from .reference import causal_offset as _causal_offset
+from .tma import bwd_tma_maps, tma_maps
 from .tma import describable as _tma_describable
-from .tma import tma_maps
 
 LAYOUTS = ("bshd", "bhsd")
 
@@ -208,7 +208,7 @@ class _Call:
             self.Sq,
             self.Sk,
             aligned=all(_rows_16_byte_aligned(x) for x in arrays),
-            tma=all(_tma_describable(x) for x in (self.qs, self.ks, self.vs)),
+            tma=all(_tma_describable(x) for x in arrays),
             precision=self.precision,
             deterministic=deterministic,
         )
@@ -587,25 +587,30 @@ def attention_backward(
                 operands[key] = _operands_for(plan, (call.qs, call.ks, call.vs, dos))
 
         def inputs(plan):
-            """Pointers, strides and (wgmma kernels) the staged tiles of one pass's launch; the
-            staged arrays themselves, which the caller holds until the launch."""
+            """Pointers, strides and the last arguments of one pass's launch: the staged tiles'
+            pointers (float32 wgmma kernels, the caller holds the arrays until the launch) or
+            the TMA maps (float16 / bfloat16 wgmma kernels)."""
             qs, ks, vs, do_ = operands[isinstance(plan.config, MmaConfig)]
             staging = getattr(plan.config, "staging", None)
-            staged = ()
+            held, last = None, ()
             if staging is not None:  # the streamed tiles split into TF32 parts once, for every block
-                staged = (
+                held = (
                     stage_tiles(staging, spec, qs, do_, os_, lse, delta)
                     if staging.queries
-                    else stage_tiles(staging, spec, ks, vs),
+                    else stage_tiles(staging, spec, ks, vs)
                 )
+                last = (_ptr(held),)
+            elif getattr(plan.config, "TMA_MAPS", False):
+                last = (bwd_tma_maps(qs, ks, vs, do_, plan.config.block_m, plan.config.block_n),)
             return (
                 (_ptr(qs), _ptr(ks), _ptr(vs), _ptr(do_), _ptr(lse), _ptr(delta)),
                 (*_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs), *_elem_strides(do_)),
-                staged,
+                held,
+                last,
             )
 
         cfg = bplan.dkdv.config
-        ptrs, strides, staged = inputs(bplan.dkdv)
+        ptrs, strides, held, last = inputs(bplan.dkdv)
         num_n_tiles = -(-call.Sk // cfg.block_n)
         fused = ()
         if bplan.dq is None:  # dQ added by the dK/dV pass with atomics (deterministic=False)
@@ -631,7 +636,7 @@ def attention_backward(
                 *sizes,
                 np.int32(num_n_tiles),
                 *tail,
-                *map(_ptr, staged),
+                *last,
                 *fused,
             ),
             bplan.dkdv.smem_bytes,
@@ -641,7 +646,7 @@ def attention_backward(
 
         def dq_pass():
             cfg = bplan.dq.config
-            ptrs, strides, staged = inputs(bplan.dq)
+            ptrs, strides, held, last = inputs(bplan.dq)
             num_m_tiles = -(-call.Sq // cfg.block_m)
             _launch(
                 cfg,
@@ -656,7 +661,7 @@ def attention_backward(
                     *sizes,
                     np.int32(num_m_tiles),
                     *tail,
-                    *map(_ptr, staged),
+                    *last,
                 ),
                 bplan.dq.smem_bytes,
             )

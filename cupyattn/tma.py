@@ -3,8 +3,9 @@ CUDA driver's ``cuTensorMapEncodeTiled`` through ctypes (libcuda.so.1).
 
 A map is rank 4 over a (B, S, H, D) array: dims {D, S, H, B} innermost first, byte strides
 of S, H and B, box {64, rows, 1, 1} (a 64-column chunk of ``rows`` rows), 128-byte swizzle,
-zeros outside the array (rows past S, columns past D). The kernel takes the three maps of
-q, k and v as one ``TmaMaps`` struct by value (``TMA_MAPS``, kernels/wgmma_half.cuh)."""
+zeros outside the array (rows past S, columns past D). A forward kernel takes the three maps
+of q, k and v as one ``TmaMaps`` struct by value (``TMA_MAPS``, kernels/wgmma_half.cuh), a
+backward kernel those of q, k, v and dout (``BWD_TMA_MAPS``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ MAX_STRIDE = 1 << 40
 
 TMA_MAP = np.dtype((np.uint64, 16))
 TMA_MAPS = np.dtype([("q", TMA_MAP), ("k", TMA_MAP), ("v", TMA_MAP)])
+BWD_TMA_MAPS = np.dtype([("q", TMA_MAP), ("k", TMA_MAP), ("v", TMA_MAP), ("dout", TMA_MAP)])
 
 
 class TmaUnavailableError(RuntimeError):
@@ -45,7 +47,7 @@ def _encode_fn():
     except (OSError, AttributeError) as exc:
         raise TmaUnavailableError(
             f"TMA maps need the CUDA driver's cuTensorMapEncodeTiled (libcuda.so.1, CUDA 12+): {exc}; "
-            "plan without the 'wgmma_half' family (Policy(families=...)) to use the mma.sync forward"
+            "plan without the 'wgmma_half' family (Policy(families=...)) to use the mma.sync kernels"
         ) from exc
     fn.argtypes = (
         [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p] + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
@@ -120,4 +122,15 @@ def tma_maps(q, k, v, block_m: int, block_n: int) -> np.ndarray:
     maps["q"] = tensor_map(q, block_m)
     maps["k"] = tensor_map(k, block_n)
     maps["v"] = tensor_map(v, block_n)
+    return maps
+
+
+def bwd_tma_maps(q, k, v, dout, block_m: int, block_n: int) -> np.ndarray:
+    """A backward pass's one ``BwdTmaMaps`` argument: q's and dout's maps in boxes of block_m
+    rows, k's and v's in boxes of block_n rows."""
+    maps = np.zeros(1, BWD_TMA_MAPS)
+    maps["q"] = tensor_map(q, block_m)
+    maps["k"] = tensor_map(k, block_n)
+    maps["v"] = tensor_map(v, block_n)
+    maps["dout"] = tensor_map(dout, block_m)
     return maps

@@ -62,17 +62,6 @@ struct HalfStages {
     __device__ static unsigned parity(int tile) { return (tile / L::STAGES) & 1; }
 };
 
-// Rows [from, BLOCK_N) of a V stage to zeros (whole 128-byte rows, so the swizzle does not
-// matter), by the THREADS consumer threads.
-template <int D_CHUNKS, int BLOCK_N, int THREADS>
-__device__ __forceinline__ void zero_rows_from(unsigned char* tile, int from) {
-    const int units = (BLOCK_N - from) * 8;  // 16-byte units a chunk
-    for (int i = threadIdx.x; i < D_CHUNKS * units; i += THREADS) {
-        const int c = i / units, u = i % units;
-        *reinterpret_cast<uint4*>(tile + c * BLOCK_N * 128 + from * 128 + u * 16) = make_uint4(0, 0, 0, 0);
-    }
-}
-
 // PINGPONG: consumer warpgroup wg issues its wgmmas on its turn (named barrier
 // FIRST_ID + wg, both warpgroups' 256 threads: it waits, the other arrives once done).
 template <bool PINGPONG, int CONSUMERS>
@@ -227,13 +216,7 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
                     o_acc[j][half * 2 + 1] *= alpha;
                 }
             }
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-                p[kk][0] = HalfOps<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-                p[kk][1] = HalfOps<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-                p[kk][2] = HalfOps<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                p[kk][3] = HalfOps<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            }
+            pack_a_operands<T>(p, s);
         }
 
         mbarrier_wait(st.v_full(tile), parity);

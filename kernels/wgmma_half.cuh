@@ -32,6 +32,11 @@ struct TmaMaps {
     TmaMap q, k, v;
 };
 static_assert(sizeof(TmaMaps) == 384, "TmaMaps: tma.TMA_MAPS is three maps of 128 bytes");
+// The backward's: q's and dout's in boxes of the kernel's query rows, k's and v's of its keys.
+struct BwdTmaMaps {
+    TmaMap q, k, v, dout;
+};
+static_assert(sizeof(BwdTmaMaps) == 512, "BwdTmaMaps: tma.BWD_TMA_MAPS is four maps of 128 bytes");
 
 // Descriptor of a 128-byte-swizzled operand at shared address base + offset: the stride
 // byte offset (next 8 rows) is 1024 and the layout field 1 (bits 62-63), so the high word
@@ -62,6 +67,31 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TmaMap* map, int c,
 
 __device__ __forceinline__ void prefetch_tma_map(const TmaMap* map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
+// The register A operands of the k-steps over an m64nN accumulator's columns (16 a step):
+// k-step kk takes 8-column blocks 2kk and 2kk + 1, rounded to S (P or dS on their way
+// from one product's accumulators to the next product's A operand).
+template <typename S, int N_BLOCKS>
+__device__ __forceinline__ void pack_a_operands(unsigned (&a)[N_BLOCKS / 2][4], const float (&x)[N_BLOCKS][4]) {
+#pragma unroll
+    for (int kk = 0; kk < N_BLOCKS / 2; ++kk) {
+        a[kk][0] = HalfOps<S>::pack(x[2 * kk][0], x[2 * kk][1]);
+        a[kk][1] = HalfOps<S>::pack(x[2 * kk][2], x[2 * kk][3]);
+        a[kk][2] = HalfOps<S>::pack(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+        a[kk][3] = HalfOps<S>::pack(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+    }
+}
+
+// Rows [from, ROWS) of a swizzled tile of D_CHUNKS chunks to zeros (whole 128-byte rows,
+// so the swizzle does not matter), by the THREADS threads from thread 0 on.
+template <int D_CHUNKS, int ROWS, int THREADS>
+__device__ __forceinline__ void zero_rows_from(unsigned char* tile, int from) {
+    const int units = (ROWS - from) * 8;  // 16-byte units a chunk
+    for (int i = threadIdx.x; i < D_CHUNKS * units; i += THREADS) {
+        const int c = i / units, u = i % units;
+        *reinterpret_cast<uint4*>(tile + c * ROWS * 128 + from * 128 + u * 16) = make_uint4(0, 0, 0, 0);
+    }
 }
 
 // Registers move between warpgroups: every thread of a warpgroup runs the same one.

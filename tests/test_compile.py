@@ -15,6 +15,8 @@ from cupyattn.device import named_device
 from cupyattn.plan import (
     PRECISIONS,
     AttentionProblem,
+    BwdDkdvWgmmaHalfConfig,
+    BwdDqWgmmaHalfConfig,
     FwdSimtConfig,
     FwdWgmmaConfig,
     FwdWgmmaHalfConfig,
@@ -624,3 +626,34 @@ def test_wgmma_half_forward_with_and_without_ping_pong_keeps_its_wgmmas_asynchro
             cfg = FwdWgmmaHalfConfig("bfloat16", "bf16", d, 128, n, 8, causal, pingpong)
             report = cc.compile_only(cfg, "sm_90")
             assert report.spills == 0 and "C7514" not in report.log and "C7517" not in report.log, report.log
+
+
+# The float16 / bfloat16 wgmma backward passes as planned on an H100 (both dtypes, causal and
+# not, head dims 8..256 step 8).
+WGMMA_HALF_BACKWARD_PLANNED = sorted(
+    (
+        cfg
+        for cfg in planned_configs(
+            named_device("h100"), range(8, 257, 8), ("float16", "bfloat16"), causals=(False, True)
+        ).values()
+        if isinstance(cfg, (BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig))
+    ),
+    key=lambda c: c.name_expression,
+)
+
+
+def test_wgmma_half_backward_is_planned_where_its_accumulators_fit():
+    dkdv = {c.head_dim_pad for c in WGMMA_HALF_BACKWARD_PLANNED if isinstance(c, BwdDkdvWgmmaHalfConfig)}
+    dq = {c.head_dim_pad for c in WGMMA_HALF_BACKWARD_PLANNED if isinstance(c, BwdDqWgmmaHalfConfig)}
+    assert dq == set(range(16, 257, 16))
+    assert dkdv == set(range(16, 129, 16)) | set(range(208, 257, 16))  # 129-192: mma.sync's dK/dV
+
+
+@pytest.mark.parametrize(
+    "config", WGMMA_HALF_BACKWARD_PLANNED, ids=[c.name_expression for c in WGMMA_HALF_BACKWARD_PLANNED]
+)
+def test_planned_wgmma_half_backward_compiles_without_spills(config):
+    report = cc.compile_only(config, "sm_90")
+    assert report.spills == 0 and report.stack_bytes == 0, (config.name_expression, report.registers, report.spills)
+    assert report.static_smem_bytes == 0
+    assert "C7514" not in report.log and "C7517" not in report.log, report.log

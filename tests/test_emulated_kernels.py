@@ -364,3 +364,69 @@ def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk)
     cmp = testing.compare(got, ref, ref_p, dtype, Sk, logit_bound=logit_bound(hq, hk))
     assert cmp.ok, str(cmp)
     np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.skipif(not hasattr(_ptx_emulator, "tensor_map"), reason="the emulator has no TMA maps yet")
+@pytest.mark.parametrize(
+    "dtype,D,dkdv_tile,dq_tile,causal,Sq,Sk",
+    [
+        ("bfloat16", 64, (64, 128, 8), (128, 64, 8), False, 70, 130),
+        ("float16", 64, (64, 128, 8), (128, 64, 8), True, 70, 130),
+        ("bfloat16", 72, (64, 128, 8), (128, 64, 8), "top_left", 70, 200),
+        ("float16", 256, (64, 64, 8), (64, 64, 4), True, 65, 80),
+    ],
+)
+def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_tile, causal, Sq, Sk):
+    """The float16 / bfloat16 wgmma backward passes (producer warpgroup: TMA tiles, and lse /
+    delta rows from its second warp; SS and RS wgmma; d_split 2 at D=256), every block, on
+    GQA 2:1 with partial query and key tiles, Sq != Sk, causal both ways (top-left: keys no
+    row sees hold NaN, those in a dQ block's last tile zeroed): no deadlock, no race, no
+    shared word read before it is written, FlashAttention's tolerance against the float64
+    reference."""
+    from cupyattn import testing
+    from cupyattn.plan import BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig
+    from cupyattn.reference import attention_backward_reference, attention_reference, causal_offset
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    precision = "bf16" if dtype == "bfloat16" else "fp16"
+    d_pad = (D + 15) // 16 * 16
+    dkdv = BwdDkdvWgmmaHalfConfig(dtype, precision, d_pad, *dkdv_tile, bool(causal))
+    dq_cfg = BwdDqWgmmaHalfConfig(dtype, precision, d_pad, *dq_tile, bool(causal))
+    assert dkdv.valid and dq_cfg.valid
+    B, Hq, Hkv = 1, 2, 1
+    rng = np.random.default_rng(D + Sk + bool(causal))
+    hq, hdo = (testing.host_values((B, Sq, Hq, D), dtype, rng) for _ in range(2))
+    hk, hv = (testing.host_values((B, Sk, Hkv, D), dtype, rng) for _ in range(2))
+    q, k, v, dout = (_half_array(x, dtype) for x in (hq, hk, hv, hdo))
+    if causal == "top_left":  # keys no row sees hold NaN: no gradient may see it
+        k[:, Sq:], v[:, Sq:] = np.nan, np.nan
+    out, lse = attention_reference(hq, hk, hv, causal)
+    lse = np.ascontiguousarray(lse, dtype=np.float32)
+    delta = np.einsum("bshd,bshd->bhs", hdo.astype(np.float64), out).astype(np.float32)
+    offset = causal_offset(causal, Sq, Sk) or 0
+    scale = np.float32(1 / np.sqrt(D))
+    sizes = (np.int32(Hq), np.int32(Hkv), np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D))
+    tail = (scale, np.float32(scale * LOG2E), np.int32(offset))
+    inputs = (q, k, v, dout, lse, delta)
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
+
+    def maps(cfg):
+        m = [_ptx_emulator.tensor_map(x, rows) for x, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n))]
+        return np.concatenate([*m, _ptx_emulator.tensor_map(dout, cfg.block_m)])
+
+    nan = np.full((B, Sk, Hkv, D), np.nan, np.float32)
+    dk, dv = _half_array(nan, dtype), _half_array(nan, dtype)
+    n_tiles = -(-Sk // dkdv.block_n)
+    args = [*inputs, dk, dv, *strides, *_strides(dk), *_strides(dv), *sizes, np.int32(n_tiles), *tail, maps(dkdv)]
+    _run(dkdv, n_tiles * B * Hkv, args, dkdv.layout.total)
+    dq = _half_array(np.full((B, Sq, Hq, D), np.nan, np.float32), dtype)
+    m_tiles = -(-Sq // dq_cfg.block_m)
+    args = [*inputs, dq, *strides, *_strides(dq), *sizes, np.int32(m_tiles), *tail, maps(dq_cfg)]
+    _run(dq_cfg, m_tiles * B * Hq, args, dq_cfg.layout.total)
+
+    ref = attention_backward_reference(hdo, hq, hk, hv, causal)
+    ref_p = attention_backward_reference(hdo, hq, hk, hv, causal, precision=dtype)
+    for name, got, want, want_p in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, ref_p):
+        cmp = testing.compare(got.astype(np.float32), want, want_p, dtype, max(Sq * Hq, Sk, D), factor=3.0)
+        assert cmp.ok, f"{name}: {cmp}"

@@ -203,7 +203,13 @@ def test_tensor_core_forward_is_chosen_only_where_it_can_run():
 
 
 def test_tensor_core_backward_is_chosen_only_where_it_can_run():
-    from cupyattn.plan import BwdDkdvMmaConfig, BwdDqMmaConfig, plan_backward
+    from cupyattn.plan import (
+        BwdDkdvMmaConfig,
+        BwdDkdvWgmmaHalfConfig,
+        BwdDqMmaConfig,
+        BwdDqWgmmaHalfConfig,
+        plan_backward,
+    )
 
     def cfgs(dtype="float16", d=128, dv=None, device="h100", aligned=True):
         problem = AttentionProblem(dtype, d, dv or d, True, 4, 16, 16, 4096, 4096, aligned=aligned)
@@ -211,9 +217,17 @@ def test_tensor_core_backward_is_chosen_only_where_it_can_run():
         return bplan.dkdv.config, bplan.dq.config
 
     for d in (64, 128, 256):
-        dkdv, dq = cfgs(d=d)
+        dkdv, dq = cfgs(d=d, device="a100")
         assert isinstance(dkdv, BwdDkdvMmaConfig) and isinstance(dq, BwdDqMmaConfig)
-    assert cfgs(d=256)[0].d_split == 2  # two warps share 16 keys: 128 dK/dV columns each
+        # sm_90: the float16 / bfloat16 wgmma passes (TMA-loaded tiles)
+        dkdv, dq = cfgs(d=d)
+        assert isinstance(dkdv, BwdDkdvWgmmaHalfConfig) and isinstance(dq, BwdDqWgmmaHalfConfig)
+    assert cfgs(d=256, device="a100")[0].d_split == 2  # two warps share 16 keys: 128 dK/dV columns each
+    assert cfgs(d=256)[0].d_split == 2  # two warpgroups share 64 keys: 128 dK/dV columns each
+    # dK/dV at padded head dims 129-192: neither one warpgroup's accumulators nor a split of
+    # whole 64-column chunks fits, so mma.sync's tiles; dQ still on wgmma
+    dkdv, dq = cfgs(d=160)
+    assert isinstance(dkdv, BwdDkdvMmaConfig) and isinstance(dq, BwdDqWgmmaHalfConfig)
     assert cfgs(dtype="float32")[0].precision == cfgs(dtype="float32")[1].precision == "fp32"
     for kwargs in (
         {"dtype": "float32", "device": "v100"},
@@ -359,7 +373,7 @@ def test_tf32_takes_its_own_measured_tile_order_and_other_modes_keep_theirs():
     # 3xTF32 measured apart
     assert _tile(plan_forward(problem("fp32", 64), a100)) == (128, 32, 4)
     f16 = AttentionProblem("float16", 128, 128, False, 4, 16, 16, 4096, 4096)
-    assert _tile(plan_backward(f16, spec).dq) == (64, 64, 4)
+    assert _tile(plan_backward(f16, a100).dq) == (64, 64, 4)
 
 
 @pytest.mark.parametrize(

@@ -70,7 +70,7 @@ from .tiles import (
     WGMMA_FORWARD_MIN_KEYS,
 )
 from .wgmma import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, BwdFusedWgmmaConfig, FwdWgmmaConfig, WgmmaConfig
-from .wgmma_half import FwdWgmmaHalfConfig
+from .wgmma_half import BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig, FwdWgmmaHalfConfig
 
 __all__ = [
     "AttentionProblem",
@@ -79,9 +79,11 @@ __all__ = [
     "BwdDkdvMmaConfig",
     "BwdDkdvSimtConfig",
     "BwdDkdvWgmmaConfig",
+    "BwdDkdvWgmmaHalfConfig",
     "BwdDqMmaConfig",
     "BwdDqSimtConfig",
     "BwdDqWgmmaConfig",
+    "BwdDqWgmmaHalfConfig",
     "BwdFusedWgmmaConfig",
     "CXX_TYPES",
     "DEFAULT_POLICY",

@@ -22,7 +22,7 @@ from .simt import (
     SimtConfig,
 )
 from .wgmma import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, BwdFusedWgmmaConfig, FwdWgmmaConfig
-from .wgmma_half import FwdWgmmaHalfConfig
+from .wgmma_half import BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig, FwdWgmmaHalfConfig
 
 
 def check_expression(config) -> str | None:
@@ -177,18 +177,23 @@ def _forward_families(
     return (*ordered, half) if short else (half, *ordered)
 
 
-def _backward_families(kind: str, precision: str, head_dim_pad: int, streamed_rows: int, policy: Policy) -> tuple:
+def _backward_families(
+    kind: str, precision: str, head_dim_pad: int, streamed_rows: int, policy: Policy, tma: bool = True
+) -> tuple:
     """The (kernel class, tiles) of a backward pass ("dkdv" or "dq") in preference order:
-    where a block streams at least the policy's wgmma backward rows, the wgmma tiles first
-    (those that compile without spills: from head dim 208 for dK/dV only the d_split 2
-    tiles), then mma.sync's; else mma.sync's first."""
+    on sm_90 the float16 / bfloat16 wgmma tiles first where TMA maps can describe q, k, v
+    and dout (``tma``); where a block streams at least the policy's wgmma backward rows,
+    the float32 wgmma tiles (those that compile without spills: from head dim 208 for dK/dV
+    only the d_split 2 tiles), then mma.sync's; else mma.sync's first."""
     if kind == "dkdv":
-        wgmma_cls, mma_cls = BwdDkdvWgmmaConfig, BwdDkdvMmaConfig
+        half_cls, wgmma_cls, mma_cls = BwdDkdvWgmmaHalfConfig, BwdDkdvWgmmaConfig, BwdDkdvMmaConfig
     else:
-        wgmma_cls, mma_cls = BwdDqWgmmaConfig, BwdDqMmaConfig
+        half_cls, wgmma_cls, mma_cls = BwdDqWgmmaHalfConfig, BwdDqWgmmaConfig, BwdDqMmaConfig
+    half = _family(policy, "wgmma_half", half_cls, f"bwd_{kind}_wgmma_half") if tma else None
     wgmma = _family(policy, "wgmma", wgmma_cls, f"bwd_{kind}_wgmma", T.bwd_wgmma_first(kind, precision, head_dim_pad))
     mma = _family(policy, "mma", mma_cls, f"bwd_{kind}_mma", precision=precision)
-    return _ordered(wgmma, mma, streamed_rows >= policy.wgmma_backward_min_rows_at(head_dim_pad))
+    ordered = _ordered(wgmma, mma, streamed_rows >= policy.wgmma_backward_min_rows_at(head_dim_pad))
+    return ordered if half is None else (half, *ordered)
 
 
 def _mma_candidates(
@@ -365,7 +370,7 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec, policy: Policy 
             return BackwardPlan(delta=_delta_launch(problem, fused), dkdv=fused, dq=None)
     dkdv = _plan_pass(
         "backward dK/dV",
-        lambda precision: _backward_families("dkdv", precision, d_pad, seen_q, policy),
+        lambda precision: _backward_families("dkdv", precision, d_pad, seen_q, policy, problem.tma),
         dkdv_simt,
         problem,
         device,
@@ -378,7 +383,7 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec, policy: Policy 
         dkdv=dkdv,
         dq=_plan_pass(
             "backward dQ",
-            lambda precision: _backward_families("dq", precision, d_pad, seen_k, policy),
+            lambda precision: _backward_families("dq", precision, d_pad, seen_k, policy, problem.tma),
             dq_simt,
             problem,
             device,

@@ -212,6 +212,20 @@ def fwd_wgmma_half_first(head_dim_pad: int) -> tuple:
     return next((tiles for start, tiles in reversed(FWD_WGMMA_HALF_FIRST) if head_dim_pad >= start), ())
 
 
+# Backward: consumer warpgroups of 64 keys (dK/dV) or 64 query rows (dQ) beside a producer
+# warpgroup; two stages of the streamed tiles. dK/dV keeps dK and dV in registers: up to
+# padded head dim 128 two warpgroups of 64 keys each, from 193 two sharing 64 keys (each
+# half the columns); the head dims between take mma.sync's tiles.
+BWD_DKDV_WGMMA_HALF_TILES = (
+    (64, 128, 8),  # head dims up to 128: K, V and two stages of Q and dO in 128 KiB at 128
+    (64, 64, 8),  # d_split 2 from 193: 192 KiB at 256
+    (64, 64, 4),
+)
+BWD_DQ_WGMMA_HALF_TILES = (
+    (128, 64, 8),  # Q, dO and two stages of K and V: 128 KiB at head dim 128
+    (64, 64, 4),  # head dims from 193: 192 KiB at 256
+)
+
 # The wgmma forward pays from this many keys a query block sees (half the sequence when
 # causal): below it its staging launch does not pay back over so few key tiles.
 WGMMA_FORWARD_MIN_KEYS = 512

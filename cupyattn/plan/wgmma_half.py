@@ -16,6 +16,9 @@ from .problem import CXX_TYPES
 SWIZZLE_ALIGN = 1024  # a 128-byte-swizzled chunk's base (the swizzle reads address bits 7-9)
 PRODUCER_REGISTERS = 24  # setmaxnreg: 128 x 24 + 256 x 240 <= 65536
 CONSUMER_REGISTERS = 240
+# float32 accumulators (packed operands counted as such) a backward consumer thread keeps
+# without spills in CONSUMER_REGISTERS (tests/test_compile.py compiles the planned tiles).
+CONSUMER_ACCUMULATORS = 224
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,3 +117,167 @@ class FwdWgmmaHalfConfig(MmaConfig):
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
         # Every listed tile at head dims 8-256 compiles without spills (tests/test_compile.py).
         return None
+
+
+_HALF_N = (64, 80, 96, 128, 176, 192, 256)  # WgmmaHalf's n-sizes (kernels/wgmma_half.cuh)
+_SWIZZLED = "128-byte swizzled 64-column chunks written by the TMA (zeros past head_dim and the sequence)"
+
+
+class _BwdWgmmaHalf(MmaConfig):
+    """What the two float16 / bfloat16 wgmma backward passes share: sm_90a, TMA maps of q,
+    k, v and dout, a producer warpgroup beside ``num_warps`` consumer warps."""
+
+    HEADER: ClassVar[str] = "attn_bwd_wgmma_half.cuh"
+    ARCH_SUFFIX: ClassVar[str] = "a"
+    TMA_MAPS: ClassVar[bool] = True  # the last argument: the TMA maps of q, k, v, dout (tma.bwd_tma_maps)
+    STAGES: ClassVar[int] = 2  # BWD_HALF_STAGES
+
+    @staticmethod
+    def runs_on(device: DeviceSpec, dtype: str, precision: str) -> bool:
+        return device.compute_capability == (9, 0) and dtype in ("float16", "bfloat16")
+
+    @functools.cached_property
+    def name_expression(self) -> str:
+        causal = "true" if self.causal else "false"
+        return (
+            f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}, "
+            f"{self.num_warps}, {causal}>"
+        )
+
+    @property
+    def layout_expression(self) -> str:
+        return f"{self.LAYOUT}<{CXX_TYPES[self.dtype]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}>"
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32 + 128  # and the producer warpgroup
+
+    @property
+    def d_chunks(self) -> int:
+        return -(-self.head_dim_pad // 64)
+
+    def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
+        load = self.accumulators_per_lane
+        if load > CONSUMER_ACCUMULATORS:
+            return f"{load} float32 accumulators per lane, over the {CONSUMER_ACCUMULATORS} a consumer keeps"
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
+    """``attn_bwd_dkdv_wgmma_half``: dK and dV for ``block_n`` keys on sm_90a; consumer
+    warpgroups of 64 keys each (``d_split`` 2: two share them, each keeping half of dK's
+    and dV's columns); Q and dO tiles of ``block_m`` query rows through two stages."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dkdv_wgmma_half"
+    LAYOUT: ClassVar[str] = "cupyattn::BwdDkdvWgmmaHalfLayout"
+
+    @property
+    def d_split(self) -> int:
+        return max(1, self.num_warps // 4 // max(1, self.block_n // 64))
+
+    @property
+    def valid(self) -> bool:
+        wgs, key_wgs = self.num_warps // 4, self.block_n // 64
+        return (
+            self.dtype in ("float16", "bfloat16")
+            and self.num_warps % 4 == 0
+            and self.block_n % 64 == 0
+            and key_wgs >= 1
+            and wgs % key_wgs == 0
+            and self.d_chunks % self.d_split == 0
+            and 64 * self.d_chunks // self.d_split in _HALF_N
+            and self.block_m in _HALF_N
+            and self.block_m % 16 == 0
+            and self.head_dim_pad % 16 == 0
+        )
+
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
+    def layout(self) -> Layout:
+        c, m, n, s = self.d_chunks, self.block_m, self.block_n, self.STAGES
+        return (
+            LayoutBuilder()
+            .add("k_tile", (c, n, 64), self.dtype, _SWIZZLED, align=SWIZZLE_ALIGN)
+            .add("v_tile", (c, n, 64), self.dtype, _SWIZZLED, align=SWIZZLE_ALIGN)
+            .add("q_tiles", (s, c, m, 64), self.dtype, f"{s} pipeline stages; {_SWIZZLED}", align=SWIZZLE_ALIGN)
+            .add("do_tiles", (s, c, m, 64), self.dtype, f"{s} pipeline stages; {_SWIZZLED}", align=SWIZZLE_ALIGN)
+            .add("lse_tiles", (s, m), "float32", "lse * log2(e) per query row, written by a producer warp")
+            .add("delta_tiles", (s, m), "float32", "rowsum(dO * O) per query row, written by a producer warp")
+            .add(
+                "barriers",
+                (1 + 2 * s,),
+                "uint64",
+                "mbarriers: K and V landed; per stage Q, dO landed and lse, delta written; the stage free again",
+            )
+            .build()
+        )
+
+    @property
+    def work_split(self) -> str | None:
+        keys = (
+            "64 keys each"
+            if self.d_split == 1
+            else f"64 keys a pair, each keeping {64 * self.d_chunks // 2} of dK's and dV's columns"
+        )
+        return (
+            f"a producer warpgroup ({PRODUCER_REGISTERS} registers a thread, setmaxnreg): its first thread "
+            f"issues the TMA copies of K, V and each query tile's Q and dO, its second warp copies lse and "
+            f"delta; {self.num_warps // 4} consumer warpgroups ({CONSUMER_REGISTERS} registers) of {keys}: "
+            "S^T = K Q^T and dP^T = V dO^T (wgmma, shared memory), P^T and dS^T in registers, "
+            "dV += P^T dO and dK += dS^T Q (wgmma, P^T and dS^T from registers)"
+        )
+
+    @property
+    def accumulators_per_lane(self) -> int:  # dK, dV (their columns), S^T, dP^T; P^T and dS^T packed
+        return 64 * self.d_chunks // self.d_split + self.block_m + self.block_m // 2
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdDqWgmmaHalfConfig(_BwdWgmmaHalf):
+    """``attn_bwd_dq_wgmma_half``: dQ for ``block_m`` query rows on sm_90a, 64 a consumer
+    warpgroup; K and V tiles of ``block_n`` keys through two stages."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dq_wgmma_half"
+    LAYOUT: ClassVar[str] = "cupyattn::BwdDqWgmmaHalfLayout"
+
+    @property
+    def valid(self) -> bool:
+        return (
+            self.dtype in ("float16", "bfloat16")
+            and self.num_warps % 4 == 0
+            and self.block_m == 16 * self.num_warps
+            and self.block_n in _HALF_N
+            and 64 * self.d_chunks in _HALF_N
+            and self.head_dim_pad % 16 == 0
+        )
+
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
+    def layout(self) -> Layout:
+        c, m, n, s = self.d_chunks, self.block_m, self.block_n, self.STAGES
+        return (
+            LayoutBuilder()
+            .add("q_tile", (c, m, 64), self.dtype, _SWIZZLED, align=SWIZZLE_ALIGN)
+            .add("do_tile", (c, m, 64), self.dtype, _SWIZZLED, align=SWIZZLE_ALIGN)
+            .add("k_tiles", (s, c, n, 64), self.dtype, f"{s} pipeline stages; {_SWIZZLED}", align=SWIZZLE_ALIGN)
+            .add("v_tiles", (s, c, n, 64), self.dtype, f"{s} pipeline stages; {_SWIZZLED}", align=SWIZZLE_ALIGN)
+            .add(
+                "barriers",
+                (1 + 3 * s,),
+                "uint64",
+                "mbarriers: Q and dO landed; per stage K landed, V landed; the stage free again",
+            )
+            .build()
+        )
+
+    @property
+    def work_split(self) -> str | None:
+        return (
+            f"a producer warpgroup ({PRODUCER_REGISTERS} registers a thread, setmaxnreg) whose first thread "
+            f"issues the TMA copies of Q, dO and each key tile's K and V; {self.num_warps // 4} consumer "
+            f"warpgroups ({CONSUMER_REGISTERS} registers) of 64 query rows each: S = Q K^T and dP = dO V^T "
+            "(wgmma, shared memory), dS in registers, dQ += dS K (wgmma, dS from registers)"
+        )
+
+    @property
+    def accumulators_per_lane(self) -> int:  # dQ (64-column chunks), S, dP; dS packed
+        return (64 * self.d_chunks + 2 * self.block_n + self.block_n // 2) // 2

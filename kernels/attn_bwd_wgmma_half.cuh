@@ -1,0 +1,510 @@
+// Backward attention for float16 / bfloat16 inputs on Hopper (sm_90a): warpgroup MMA on
+// 16-bit operands, tiles brought by the TMA into 128-byte-swizzled chunks (wgmma_half.cuh),
+// the two deterministic passes of attn_bwd_mma.cuh (no atomics; delta from its own launch).
+//
+// attn_bwd_dkdv_wgmma_half: a block owns BLOCK_N keys of one key/value head; K and V stay
+//   in shared memory, Q and dO tiles of BLOCK_M query rows stream through STAGES stages over
+//   every query head of the GQA group. Each consumer warpgroup owns 64 keys (D_SPLIT = 2:
+//   two warpgroups share them, each keeping half of dK's and dV's columns) and works
+//   key-major, so that P^T and dS^T go from accumulators to A operands in registers:
+//     S^T  = K Q^T,  dP^T = V dO^T                    (SS: both operands K-major)
+//     P^T  = exp2(S^T scale log2 e - lse log2 e),  dS^T = P^T (dP^T - delta)
+//     dV  += P^T dO,  dK += dS^T Q                    (RS: Q, dO read MN-major)
+// attn_bwd_dq_wgmma_half: a block owns BLOCK_M query rows (64 a consumer warpgroup); Q and
+//   dO stay, K and V tiles stream through STAGES stages:
+//     S = Q K^T, dP = dO V^T (SS), dS = P (dP - delta), dQ += dS K (RS: K read MN-major).
+// Warp roles in both: a producer warpgroup past the consumers gives up its registers
+// (setmaxnreg); its first thread issues every TMA copy, and in dK/dV its second warp
+// copies each query tile's lse (times log2 e) and delta into shared memory. A stage is
+// full when its copies have landed (and those rows are written), free again once every
+// consumer warp has arrived.
+// Entries no row may see are selected to zero, never multiplied by zero; in dQ the key rows
+// of a causal block's last tile past every key its rows see are zeroed, so that NaN or inf
+// in keys no query may see cannot reach dQ through 0 * NaN (rows past the sequence ends
+// are zeros from the TMA).
+//
+// Needs: head_dim == head_dim_v, head_dim % 8 == 0; q, k, v and dout describable by TMA
+// maps (cupyattn/tma.py). Grid: as attn_bwd_dkdv_mma / attn_bwd_dq_mma.
+//
+// Shared memory, C = ceil(D_PAD / 64) chunks of 64 columns (same names and order as
+// plan.BwdDkdvWgmmaHalfConfig.layout):
+//   k_tile      [C][BLOCK_N][64]            T
+//   v_tile      [C][BLOCK_N][64]            T
+//   q_tiles     [STAGES][C][BLOCK_M][64]    T
+//   do_tiles    [STAGES][C][BLOCK_M][64]    T
+//   lse_tiles   [STAGES][BLOCK_M]           float  lse * log2(e), 0 past the end
+//   delta_tiles [STAGES][BLOCK_M]           float
+//   barriers    [kv_full, full[STAGES], empty[STAGES]]  mbarrier
+// and plan.BwdDqWgmmaHalfConfig.layout:
+//   q_tile      [C][BLOCK_M][64]            T
+//   do_tile     [C][BLOCK_M][64]            T
+//   k_tiles     [STAGES][C][BLOCK_N][64]    T
+//   v_tiles     [STAGES][C][BLOCK_N][64]    T
+//   barriers    [q_full, k_full[STAGES], v_full[STAGES], empty[STAGES]]  mbarrier
+#pragma once
+
+#include "attn_bwd_simt.cuh"  // LOG2E
+#include "simt_tiles.cuh"
+#include "wgmma_half.cuh"
+
+namespace cupyattn {
+
+constexpr int BWD_HALF_STAGES = 2;
+
+template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N>
+struct BwdDkdvWgmmaHalfLayout {
+    static constexpr int D_CHUNKS = (D_PAD + 63) / 64;
+    static constexpr int STAGES = BWD_HALF_STAGES;
+    static constexpr int KV_BYTES = D_CHUNKS * BLOCK_N * 128;  // K or V
+    static constexpr int QD_BYTES = D_CHUNKS * BLOCK_M * 128;  // one stage of Q or of dO
+    static constexpr int k_tile = 0;
+    static constexpr int v_tile = k_tile + KV_BYTES;
+    static constexpr int q_tiles = v_tile + KV_BYTES;
+    static constexpr int do_tiles = q_tiles + STAGES * QD_BYTES;
+    static constexpr int lse_tiles = do_tiles + STAGES * QD_BYTES;
+    static constexpr int delta_tiles = lse_tiles + STAGES * BLOCK_M * 4;
+    static constexpr int barriers = delta_tiles + STAGES * BLOCK_M * 4;
+    static constexpr int total = barriers + (1 + 2 * STAGES) * 8;
+    static constexpr int num_buffers = 7;
+    static constexpr int offsets[num_buffers] = {k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, barriers};
+    static_assert(KV_BYTES % 1024 == 0 && QD_BYTES % 1024 == 0, "swizzled chunks");
+};
+
+template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N>
+struct BwdDqWgmmaHalfLayout {
+    static constexpr int D_CHUNKS = (D_PAD + 63) / 64;
+    static constexpr int STAGES = BWD_HALF_STAGES;
+    static constexpr int Q_BYTES = D_CHUNKS * BLOCK_M * 128;  // Q or dO
+    static constexpr int KV_BYTES = D_CHUNKS * BLOCK_N * 128;  // one stage of K or of V
+    static constexpr int q_tile = 0;
+    static constexpr int do_tile = q_tile + Q_BYTES;
+    static constexpr int k_tiles = do_tile + Q_BYTES;
+    static constexpr int v_tiles = k_tiles + STAGES * KV_BYTES;
+    static constexpr int barriers = v_tiles + STAGES * KV_BYTES;
+    static constexpr int total = barriers + (1 + 3 * STAGES) * 8;
+    static constexpr int num_buffers = 5;
+    static constexpr int offsets[num_buffers] = {q_tile, do_tile, k_tiles, v_tiles, barriers};
+    static_assert(KV_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "swizzled chunks");
+};
+
+// Thread 0 initializes the barriers: `full` of FULL_ARRIVALS each, then `empty` of EMPTY_ARRIVALS;
+// the block waits until it has.
+template <int FULL, int FULL_ARRIVALS, int EMPTY, int EMPTY_ARRIVALS>
+__device__ __forceinline__ void init_stage_barriers(unsigned long long* bars, int first_full = 0,
+                                                    int first_arrivals = 1) {
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < FULL; ++i) mbarrier_init(&bars[i], i < first_full ? first_arrivals : FULL_ARRIVALS);
+        for (int i = FULL; i < FULL + EMPTY; ++i) mbarrier_init(&bars[i], EMPTY_ARRIVALS);
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+}
+
+// The descriptor of k-step ks (16 columns) of a K-major swizzled operand of `rows` rows.
+__device__ __forceinline__ unsigned long long kmajor_step(unsigned base, int rows, int ks) {
+    return desc_sw128(base, 16, (ks / 4) * rows * 128 + (ks % 4) * 32);
+}
+
+// Write an m64 accumulator tile's warp rows (16, from row0) times `scale` to dst rows
+// [0, valid_rows) (row stride dst_stride), columns [col0, col0 + N) below valid_cols.
+template <typename T, int N_BLOCKS>
+__device__ __forceinline__ void store_half_rows(T* dst, long long dst_stride, const float (&acc)[N_BLOCKS][4],
+                                                float scale, int valid_rows, int col0, int valid_cols, int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = g + half * 8;
+        if (r >= valid_rows) continue;
+#pragma unroll
+        for (int j = 0; j < N_BLOCKS; ++j) {
+            const int c = col0 + j * 8 + 2 * t;  // head_dim % 8 == 0: c and c + 1 both in or both out
+            if (c < valid_cols)
+                *reinterpret_cast<unsigned*>(dst + r * dst_stride + c) =
+                    HalfOps<T>::pack(acc[j][half * 2] * scale, acc[j][half * 2 + 1] * scale);
+        }
+    }
+}
+
+template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+__global__ void
+__launch_bounds__(NUM_WARPS * 32 + 128, 1)
+attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                         const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                         T* __restrict__ dk, T* __restrict__ dv, long long q_sb, long long q_ss, long long q_sh,
+                         long long k_sb, long long k_ss, long long k_sh, long long v_sb, long long v_ss,
+                         long long v_sh, long long do_sb, long long do_ss, long long do_sh, long long dk_sb,
+                         long long dk_ss, long long dk_sh, long long dv_sb, long long dv_ss, long long dv_sh,
+                         int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k, int head_dim, int head_dim_v,
+                         int num_n_tiles, float scale, float scale_log2, int causal_offset,
+                         const __grid_constant__ BwdTmaMaps maps) {
+    // (q, k, v, dout and their strides: the backward's common launch; the TMA reads them
+    // through maps)
+    using L = BwdDkdvWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
+    constexpr int D_CHUNKS = L::D_CHUNKS, STAGES = L::STAGES;
+    constexpr int CONSUMERS = NUM_WARPS * 32;
+    constexpr int KEY_WGS = BLOCK_N / 64;                 // warpgroups with distinct keys
+    constexpr int D_SPLIT = NUM_WARPS / 4 / KEY_WGS;      // warpgroups sharing 64 keys
+    constexpr int PART_CHUNKS = D_CHUNKS / D_SPLIT;       // chunks of dK, dV a warpgroup keeps
+    constexpr int D_PART = 64 * PART_CHUNKS;
+    constexpr int M_BLOCKS = BLOCK_M / 8;                 // 8-query column blocks of S^T
+    constexpr int K_STEPS = D_PAD / 16;
+    static_assert(same_type<T, __half> || same_type<T, __nv_bfloat16>, "16-bit inputs");
+    static_assert(BLOCK_N % 64 == 0 && NUM_WARPS % 4 == 0 && (NUM_WARPS / 4) % KEY_WGS == 0, "64 keys a warpgroup");
+    static_assert(D_SPLIT * PART_CHUNKS == D_CHUNKS, "warpgroups sharing keys split whole chunks");
+    static_assert(D_PAD % 16 == 0 && BLOCK_M % 16 == 0, "tile shape");
+    using WgS = WgmmaHalf<T, BLOCK_M>;
+    using WgD = WgmmaHalf<T, D_PART>;
+
+    extern __shared__ __align__(1024) unsigned char smem[];
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + L::barriers);
+    unsigned long long* kv_full = bars;
+    unsigned long long* full = bars + 1;             // [STAGES]: Q, dO landed, lse and delta written
+    unsigned long long* empty = bars + 1 + STAGES;   // [STAGES]: every consumer warp done with it
+    float* lse_tiles = reinterpret_cast<float*>(smem + L::lse_tiles);
+    float* delta_tiles = reinterpret_cast<float*>(smem + L::delta_tiles);
+    if (wg_smem_addr(smem) % 1024 != 0) __trap();  // the swizzle would disagree with the descriptors
+
+    const int warp = warp_uniform_index();
+    const int lane = threadIdx.x % 32;
+    const KeyBlock kb = key_block<CAUSAL, BLOCK_N>(num_n_tiles, n_heads_q, n_heads_kv);
+    const int b = (int)kb.b, h_kv = kb.h_kv, n0 = kb.n0;
+    // Work items (query head of the group, query tile): the tiles with a row that sees a key
+    // of this block.
+    const int m_begin = first_query_tile<CAUSAL, BLOCK_M>(n0, causal_offset);
+    const int m_tiles = m_begin < seqlen_q ? (seqlen_q - m_begin + BLOCK_M - 1) / BLOCK_M : 0;
+    const int n_items = kb.group * m_tiles;
+
+    // full: the TMA thread's arrival and the lse warp's 32.
+    init_stage_barriers<1 + STAGES, 33, STAGES, NUM_WARPS>(bars, 1, 1);
+
+    if (warp >= NUM_WARPS) {  // the producer warpgroup
+        setmaxnreg_dec<24>();
+        if (warp == NUM_WARPS && lane == 0) {
+            prefetch_tma_map(&maps.q);
+            prefetch_tma_map(&maps.k);
+            prefetch_tma_map(&maps.v);
+            prefetch_tma_map(&maps.dout);
+            mbarrier_expect_tx(kv_full, 2 * L::KV_BYTES);
+            for (int c = 0; c < D_CHUNKS; ++c) {
+                tma_load_4d(smem + L::k_tile + c * BLOCK_N * 128, &maps.k, c * 64, n0, h_kv, b, kv_full);
+                tma_load_4d(smem + L::v_tile + c * BLOCK_N * 128, &maps.v, c * 64, n0, h_kv, b, kv_full);
+            }
+            for (int item = 0; item < n_items; ++item) {
+                const int stage = item % STAGES, round = item / STAGES;
+                const int hq = h_kv * kb.group + item / m_tiles, m0 = m_begin + item % m_tiles * BLOCK_M;
+                if (round > 0) mbarrier_wait(&empty[stage], (round - 1) & 1);
+                mbarrier_expect_tx(&full[stage], 2 * L::QD_BYTES);
+                unsigned char* qs = smem + L::q_tiles + stage * L::QD_BYTES;
+                unsigned char* dos = smem + L::do_tiles + stage * L::QD_BYTES;
+                for (int c = 0; c < D_CHUNKS; ++c) {
+                    tma_load_4d(qs + c * BLOCK_M * 128, &maps.q, c * 64, m0, hq, b, &full[stage]);
+                    tma_load_4d(dos + c * BLOCK_M * 128, &maps.dout, c * 64, m0, hq, b, &full[stage]);
+                }
+            }
+        } else if (warp == NUM_WARPS + 1) {  // lse and delta of each query tile
+            for (int item = 0; item < n_items; ++item) {
+                const int stage = item % STAGES, round = item / STAGES;
+                const int hq = h_kv * kb.group + item / m_tiles, m0 = m_begin + item % m_tiles * BLOCK_M;
+                if (round > 0) mbarrier_wait(&empty[stage], (round - 1) & 1);
+                const long long row = ((long long)b * n_heads_q + hq) * seqlen_q + m0;
+                for (int i = lane; i < BLOCK_M; i += 32) {
+                    const bool ok = m0 + i < seqlen_q;
+                    lse_tiles[stage * BLOCK_M + i] = ok ? lse[row + i] * LOG2E : 0.0f;
+                    delta_tiles[stage * BLOCK_M + i] = ok ? delta[row + i] : 0.0f;
+                }
+                mbarrier_arrive(&full[stage]);
+            }
+        }
+        return;
+    }
+    setmaxnreg_inc<240>();
+
+    const int wg = warp / 4;
+    const int key_wg = wg % KEY_WGS, d_part = wg / KEY_WGS;
+    const int g = lane / 4, t = lane % 4;
+    const int wg_key0 = n0 + key_wg * 64;
+    const int warp_key0 = wg_key0 + (warp % 4) * 16;
+    const unsigned k_addr = wg_smem_addr(smem + L::k_tile) + key_wg * 64 * 128;  // the warpgroup's 64 rows
+    const unsigned v_addr = wg_smem_addr(smem + L::v_tile) + key_wg * 64 * 128;
+
+    float dk_acc[D_PART / 8][4], dv_acc[D_PART / 8][4];
+#pragma unroll
+    for (int j = 0; j < D_PART / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk_acc[j][e] = dv_acc[j][e] = 0.0f;
+
+    mbarrier_wait(kv_full, 0);
+    for (int item = 0; item < n_items; ++item) {
+        const int stage = item % STAGES;
+        const int m0 = m_begin + item % m_tiles * BLOCK_M;
+        const unsigned q_addr = wg_smem_addr(smem + L::q_tiles + stage * L::QD_BYTES);
+        const unsigned do_addr = wg_smem_addr(smem + L::do_tiles + stage * L::QD_BYTES);
+        const float* lse_s = lse_tiles + stage * BLOCK_M;
+        const float* delta_s = delta_tiles + stage * BLOCK_M;
+        // Causal: no row of this tile sees the warpgroup's first key (it still waits for the
+        // stage before it releases it, so that its arrival counts toward this round's phase).
+        const bool skip = wg_key0 >= seqlen_k || (CAUSAL && wg_key0 > m0 + BLOCK_M - 1 + causal_offset);
+        mbarrier_wait(&full[stage], (item / STAGES) & 1);
+        if (!skip) {
+            float s[M_BLOCKS][4], dp[M_BLOCKS][4];
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < K_STEPS; ++ks) {
+                const auto kd = kmajor_step(k_addr, BLOCK_N, ks), qd = kmajor_step(q_addr, BLOCK_M, ks);
+                if (ks == 0)
+                    WgS::template ss<false>(s, kd, qd);
+                else
+                    WgS::template ss<true>(s, kd, qd);
+            }
+            wgmma_commit();
+#pragma unroll
+            for (int ks = 0; ks < K_STEPS; ++ks) {
+                const auto vd = kmajor_step(v_addr, BLOCK_N, ks), dod = kmajor_step(do_addr, BLOCK_M, ks);
+                if (ks == 0)
+                    WgS::template ss<false>(dp, vd, dod);
+                else
+                    WgS::template ss<true>(dp, vd, dod);
+            }
+            wgmma_commit();
+
+            const bool needs_mask = m0 + BLOCK_M > seqlen_q || warp_key0 + 16 > seqlen_k ||
+                                    (CAUSAL && warp_key0 + 15 > m0 + causal_offset);
+            // P^T while dP^T runs.
+            wgmma_wait<1>();
+            fence_operand(s);
+#pragma unroll
+            for (int j = 0; j < M_BLOCKS; ++j) {
+                const float2 l2 = *reinterpret_cast<const float2*>(lse_s + j * 8 + 2 * t);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = warp_key0 + g + (e / 2) * 8;
+                    const int row = m0 + j * 8 + 2 * t + e % 2;
+                    const bool visible = !needs_mask | ((row < seqlen_q) & (key < seqlen_k) &
+                                                        (!CAUSAL | (key <= row + causal_offset)));
+                    const float p = exp2f(s[j][e] * scale_log2 - (e % 2 ? l2.y : l2.x));
+                    s[j][e] = visible ? p : 0.0f;
+                }
+            }
+            unsigned pa[M_BLOCKS / 2][4];
+            pack_a_operands<T>(pa, s);
+            const unsigned do_part = do_addr + d_part * PART_CHUNKS * BLOCK_M * 128;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < M_BLOCKS / 2; ++kk)
+                WgD::template rs<true>(dv_acc, pa[kk], desc_sw128(do_part, BLOCK_M * 128, kk * 2048));
+            wgmma_commit();
+
+            // dS^T while dV runs.
+            wgmma_wait<1>();
+            fence_operand(dp);
+#pragma unroll
+            for (int j = 0; j < M_BLOCKS; ++j) {
+                const float2 d2 = *reinterpret_cast<const float2*>(delta_s + j * 8 + 2 * t);
+#pragma unroll
+                for (int e = 0; e < 4; ++e)  // (a select: dP^T of keys no row sees may be NaN)
+                    dp[j][e] = s[j][e] != 0.0f ? s[j][e] * (dp[j][e] - (e % 2 ? d2.y : d2.x)) : 0.0f;
+            }
+            unsigned dsa[M_BLOCKS / 2][4];
+            pack_a_operands<T>(dsa, dp);
+            const unsigned q_part = q_addr + d_part * PART_CHUNKS * BLOCK_M * 128;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < M_BLOCKS / 2; ++kk)
+                WgD::template rs<true>(dk_acc, dsa[kk], desc_sw128(q_part, BLOCK_M * 128, kk * 2048));
+            wgmma_commit();
+            wgmma_wait<0>();
+#pragma unroll
+            for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
+                fence_operand(pa[kk]);
+                fence_operand(dsa[kk]);
+            }
+            fence_operand(dv_acc);
+            fence_operand(dk_acc);
+        }
+        mbarrier_arrive_warp(&empty[stage]);
+    }
+
+    const int d0 = d_part * D_PART;
+    store_half_rows<T>(dk + kb.b * dk_sb + h_kv * dk_sh + (long long)warp_key0 * dk_ss, dk_ss, dk_acc, scale,
+                       seqlen_k - warp_key0, d0, head_dim, lane);
+    store_half_rows<T>(dv + kb.b * dv_sb + h_kv * dv_sh + (long long)warp_key0 * dv_ss, dv_ss, dv_acc, 1.0f,
+                       seqlen_k - warp_key0, d0, head_dim_v, lane);
+}
+
+template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+__global__ void
+__launch_bounds__(NUM_WARPS * 32 + 128, 1)
+attn_bwd_dq_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                       const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                       T* __restrict__ dq, long long q_sb, long long q_ss, long long q_sh, long long k_sb,
+                       long long k_ss, long long k_sh, long long v_sb, long long v_ss, long long v_sh,
+                       long long do_sb, long long do_ss, long long do_sh, long long dq_sb, long long dq_ss,
+                       long long dq_sh, int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k, int head_dim,
+                       int head_dim_v, int num_m_tiles, float scale, float scale_log2, int causal_offset,
+                       const __grid_constant__ BwdTmaMaps maps) {
+    using L = BwdDqWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
+    constexpr int D_CHUNKS = L::D_CHUNKS, STAGES = L::STAGES;
+    constexpr int DQ_COLS = 64 * D_CHUNKS;  // MN-major swizzled B operands come 64 wide
+    constexpr int CONSUMERS = NUM_WARPS * 32;
+    constexpr int N_BLOCKS = BLOCK_N / 8;
+    constexpr int K_STEPS = D_PAD / 16;
+    static_assert(same_type<T, __half> || same_type<T, __nv_bfloat16>, "16-bit inputs");
+    static_assert(NUM_WARPS % 4 == 0 && BLOCK_M == 16 * NUM_WARPS, "each consumer warpgroup owns 64 query rows");
+    static_assert(D_PAD % 16 == 0 && BLOCK_N % 16 == 0, "tile shape");
+    using WgS = WgmmaHalf<T, BLOCK_N>;
+    using WgQ = WgmmaHalf<T, DQ_COLS>;
+
+    extern __shared__ __align__(1024) unsigned char smem[];
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + L::barriers);
+    unsigned long long* q_full = bars;
+    unsigned long long* k_full = bars + 1;                 // [STAGES]
+    unsigned long long* v_full = bars + 1 + STAGES;        // [STAGES]
+    unsigned long long* empty = bars + 1 + 2 * STAGES;     // [STAGES]: K and V free again
+    if (wg_smem_addr(smem) % 1024 != 0) __trap();
+
+    const int warp = warp_uniform_index();
+    const int lane = threadIdx.x % 32;
+    const QueryBlock qb = query_block<CAUSAL, BLOCK_M>(num_m_tiles, n_heads_q, n_heads_kv);
+    const int m0 = qb.m0;
+    const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
+    const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+
+    init_stage_barriers<1 + 2 * STAGES, 1, STAGES, NUM_WARPS>(bars);
+
+    if (warp >= NUM_WARPS) {
+        setmaxnreg_dec<24>();
+        if (warp == NUM_WARPS && lane == 0) {
+            const int b = (int)qb.b;
+            prefetch_tma_map(&maps.q);
+            prefetch_tma_map(&maps.k);
+            prefetch_tma_map(&maps.v);
+            prefetch_tma_map(&maps.dout);
+            mbarrier_expect_tx(q_full, 2 * L::Q_BYTES);
+            for (int c = 0; c < D_CHUNKS; ++c) {
+                tma_load_4d(smem + L::q_tile + c * BLOCK_M * 128, &maps.q, c * 64, m0, qb.h, b, q_full);
+                tma_load_4d(smem + L::do_tile + c * BLOCK_M * 128, &maps.dout, c * 64, m0, qb.h, b, q_full);
+            }
+            for (int tile = 0; tile < n_tiles; ++tile) {
+                const int stage = tile % STAGES, round = tile / STAGES, n0 = tile * BLOCK_N;
+                if (round > 0) mbarrier_wait(&empty[stage], (round - 1) & 1);
+                unsigned char* ks = smem + L::k_tiles + stage * L::KV_BYTES;
+                unsigned char* vs = smem + L::v_tiles + stage * L::KV_BYTES;
+                mbarrier_expect_tx(&k_full[stage], L::KV_BYTES);
+                for (int c = 0; c < D_CHUNKS; ++c)
+                    tma_load_4d(ks + c * BLOCK_N * 128, &maps.k, c * 64, n0, qb.h_kv, b, &k_full[stage]);
+                mbarrier_expect_tx(&v_full[stage], L::KV_BYTES);
+                for (int c = 0; c < D_CHUNKS; ++c)
+                    tma_load_4d(vs + c * BLOCK_N * 128, &maps.v, c * 64, n0, qb.h_kv, b, &v_full[stage]);
+            }
+        }
+        return;
+    }
+    setmaxnreg_inc<240>();
+
+    const int wg = warp / 4;
+    const int g = lane / 4, t = lane % 4;
+    const int wg_row0 = m0 + wg * 64;
+    const int warp_row0 = wg_row0 + (warp % 4) * 16;
+    const unsigned q_addr = wg_smem_addr(smem + L::q_tile) + wg * 64 * 128;
+    const unsigned do_addr = wg_smem_addr(smem + L::do_tile) + wg * 64 * 128;
+
+    // This thread's rows (g and g + 8 of the warp): lse (base 2) and delta.
+    float lse_log2[2], dlt[2];
+    const long long row_base = (qb.b * n_heads_q + qb.h) * (long long)seqlen_q;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = warp_row0 + g + half * 8;
+        lse_log2[half] = row < seqlen_q ? lse[row_base + row] * LOG2E : 0.0f;
+        dlt[half] = row < seqlen_q ? delta[row_base + row] : 0.0f;
+    }
+
+    float dq_acc[DQ_COLS / 8][4];
+#pragma unroll
+    for (int j = 0; j < DQ_COLS / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq_acc[j][e] = 0.0f;
+
+    mbarrier_wait(q_full, 0);
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        const int stage = tile % STAGES, n0 = tile * BLOCK_N;
+        const unsigned parity = (tile / STAGES) & 1;
+        unsigned char* k_stage = smem + L::k_tiles + stage * L::KV_BYTES;
+        const unsigned k_addr = wg_smem_addr(k_stage);
+        const unsigned v_addr = wg_smem_addr(smem + L::v_tiles + stage * L::KV_BYTES);
+        const bool skip = CAUSAL && n0 > wg_row0 + 63 + causal_offset;
+
+        mbarrier_wait(&k_full[stage], parity);
+        // A causal block's last tile may reach past every key its rows see (n_end): those K
+        // rows (dQ's B operand) are zeroed before any product reads them. Both warpgroups,
+        // then they meet.
+        if (CAUSAL && n0 + BLOCK_N > n_end && n_end < seqlen_k) {
+            zero_rows_from<D_CHUNKS, BLOCK_N, CONSUMERS>(k_stage, n_end - n0);
+            fence_proxy_async();
+            named_barrier_sync(5, CONSUMERS);
+        }
+        mbarrier_wait(&v_full[stage], parity);
+        if (!skip) {
+            float s[N_BLOCKS][4], dp[N_BLOCKS][4];
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < K_STEPS; ++ks) {
+                const auto qd = kmajor_step(q_addr, BLOCK_M, ks), kd = kmajor_step(k_addr, BLOCK_N, ks);
+                if (ks == 0)
+                    WgS::template ss<false>(s, qd, kd);
+                else
+                    WgS::template ss<true>(s, qd, kd);
+            }
+            wgmma_commit();
+#pragma unroll
+            for (int ks = 0; ks < K_STEPS; ++ks) {
+                const auto dod = kmajor_step(do_addr, BLOCK_M, ks), vd = kmajor_step(v_addr, BLOCK_N, ks);
+                if (ks == 0)
+                    WgS::template ss<false>(dp, dod, vd);
+                else
+                    WgS::template ss<true>(dp, dod, vd);
+            }
+            wgmma_commit();
+
+            const bool needs_mask = warp_row0 + 16 > seqlen_q || n0 + BLOCK_N > seqlen_k ||
+                                    (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
+            wgmma_wait<1>();  // P while dP runs
+            fence_operand(s);
+#pragma unroll
+            for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int half = e / 2;
+                    const int row = warp_row0 + g + half * 8;
+                    const int key = n0 + j * 8 + 2 * t + e % 2;
+                    const bool visible = !needs_mask | ((row < seqlen_q) & (key < seqlen_k) &
+                                                        (!CAUSAL | (key <= row + causal_offset)));
+                    const float p = exp2f(s[j][e] * scale_log2 - lse_log2[half]);
+                    s[j][e] = visible ? p : 0.0f;
+                }
+            wgmma_wait<0>();
+            fence_operand(dp);
+#pragma unroll
+            for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)  // (a select: dP of keys no row sees may be NaN)
+                    dp[j][e] = s[j][e] != 0.0f ? s[j][e] * (dp[j][e] - dlt[e / 2]) : 0.0f;
+            unsigned dsa[N_BLOCKS / 2][4];
+            pack_a_operands<T>(dsa, dp);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < N_BLOCKS / 2; ++kk)
+                WgQ::template rs<true>(dq_acc, dsa[kk], desc_sw128(k_addr, BLOCK_N * 128, kk * 2048));
+            wgmma_commit();
+            wgmma_wait<0>();
+#pragma unroll
+            for (int kk = 0; kk < N_BLOCKS / 2; ++kk) fence_operand(dsa[kk]);
+            fence_operand(dq_acc);
+        }
+        mbarrier_arrive_warp(&empty[stage]);
+    }
+
+    store_half_rows<T>(dq + qb.b * dq_sb + qb.h * dq_sh + (long long)warp_row0 * dq_ss, dq_ss, dq_acc, scale,
+                       seqlen_q - warp_row0, 0, head_dim, lane);
+}
+
+}  // namespace cupyattn
