@@ -233,6 +233,12 @@ attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk_acc[j][e] = dv_acc[j][e] = 0.0f;
 
+    // DEFER: the last item's dV and dK products run on into the next item, whose S^T wait
+    // sees them completed and releases their stage (pending). Where ptxas has the registers
+    // for it (up to 160 accumulators a thread): past that it serializes every wgmma instead.
+    constexpr bool DEFER = D_PART + BLOCK_M <= 160;
+    unsigned pa[M_BLOCKS / 2][4], dsa[M_BLOCKS / 2][4];
+    int pending = -1;
     mbarrier_wait(kv_full, 0);
     for (int item = 0; item < n_items; ++item) {
         const int stage = item % STAGES;
@@ -269,9 +275,17 @@ attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const
 
             const bool needs_mask = m0 + BLOCK_M > seqlen_q || warp_key0 + 16 > seqlen_k ||
                                     (CAUSAL && warp_key0 + 15 > m0 + causal_offset);
-            // P^T while dP^T runs.
+            // P^T while dP^T runs (the last item's dV and dK have completed before S^T).
             wgmma_wait<1>();
             fence_operand(s);
+            if (DEFER && pending >= 0) {
+#pragma unroll
+                for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
+                    fence_operand(pa[kk]);
+                    fence_operand(dsa[kk]);
+                }
+                mbarrier_arrive_warp(&empty[pending]);
+            }
 #pragma unroll
             for (int j = 0; j < M_BLOCKS; ++j) {
                 const float2 l2 = *reinterpret_cast<const float2*>(lse_s + j * 8 + 2 * t);
@@ -285,7 +299,6 @@ attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const
                     s[j][e] = visible ? p : 0.0f;
                 }
             }
-            unsigned pa[M_BLOCKS / 2][4];
             pack_a_operands<T>(pa, s);
             const unsigned do_part = do_addr + d_part * PART_CHUNKS * BLOCK_M * 128;
             wgmma_fence();
@@ -304,7 +317,6 @@ attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const
                 for (int e = 0; e < 4; ++e)  // (a select: dP^T of keys no row sees may be NaN)
                     dp[j][e] = s[j][e] != 0.0f ? s[j][e] * (dp[j][e] - (e % 2 ? d2.y : d2.x)) : 0.0f;
             }
-            unsigned dsa[M_BLOCKS / 2][4];
             pack_a_operands<T>(dsa, dp);
             const unsigned q_part = q_addr + d_part * PART_CHUNKS * BLOCK_M * 128;
             wgmma_fence();
@@ -312,17 +324,32 @@ attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const
             for (int kk = 0; kk < M_BLOCKS / 2; ++kk)
                 WgD::template rs<true>(dk_acc, dsa[kk], desc_sw128(q_part, BLOCK_M * 128, kk * 2048));
             wgmma_commit();
+            if (DEFER) {
+                pending = stage;
+                continue;
+            }
+        }
+        if (!DEFER || pending >= 0) {  // (a skipped item after one whose products still run)
             wgmma_wait<0>();
 #pragma unroll
             for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
                 fence_operand(pa[kk]);
                 fence_operand(dsa[kk]);
             }
-            fence_operand(dv_acc);
-            fence_operand(dk_acc);
+            if (DEFER) mbarrier_arrive_warp(&empty[pending]);
+            pending = -1;
         }
         mbarrier_arrive_warp(&empty[stage]);
     }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
+        fence_operand(pa[kk]);
+        fence_operand(dsa[kk]);
+    }
+    fence_operand(dv_acc);
+    fence_operand(dk_acc);
+    if (pending >= 0) mbarrier_arrive_warp(&empty[pending]);
 
     const int d0 = d_part * D_PART;
     store_half_rows<T>(dk + kb.b * dk_sb + h_kv * dk_sh + (long long)warp_key0 * dk_ss, dk_ss, dk_acc, scale,
@@ -424,6 +451,11 @@ attn_bwd_dq_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T
 #pragma unroll
         for (int e = 0; e < 4; ++e) dq_acc[j][e] = 0.0f;
 
+    // DEFER: as in dK/dV, the last tile's dQ product runs on into the next tile, whose S wait
+    // sees it completed and releases its stage (pending), where ptxas has the registers.
+    constexpr bool DEFER = DQ_COLS / 2 + BLOCK_N <= 160;
+    unsigned dsa[N_BLOCKS / 2][4];
+    int pending = -1;
     mbarrier_wait(q_full, 0);
     for (int tile = 0; tile < n_tiles; ++tile) {
         const int stage = tile % STAGES, n0 = tile * BLOCK_N;
@@ -467,8 +499,13 @@ attn_bwd_dq_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T
 
             const bool needs_mask = warp_row0 + 16 > seqlen_q || n0 + BLOCK_N > seqlen_k ||
                                     (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
-            wgmma_wait<1>();  // P while dP runs
+            wgmma_wait<1>();  // P while dP runs (the last tile's dQ has completed before S)
             fence_operand(s);
+            if (DEFER && pending >= 0) {
+#pragma unroll
+                for (int kk = 0; kk < N_BLOCKS / 2; ++kk) fence_operand(dsa[kk]);
+                mbarrier_arrive_warp(&empty[pending]);
+            }
 #pragma unroll
             for (int j = 0; j < N_BLOCKS; ++j)
 #pragma unroll
@@ -488,20 +525,31 @@ attn_bwd_dq_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T
 #pragma unroll
                 for (int e = 0; e < 4; ++e)  // (a select: dP of keys no row sees may be NaN)
                     dp[j][e] = s[j][e] != 0.0f ? s[j][e] * (dp[j][e] - dlt[e / 2]) : 0.0f;
-            unsigned dsa[N_BLOCKS / 2][4];
             pack_a_operands<T>(dsa, dp);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < N_BLOCKS / 2; ++kk)
                 WgQ::template rs<true>(dq_acc, dsa[kk], desc_sw128(k_addr, BLOCK_N * 128, kk * 2048));
             wgmma_commit();
+            if (DEFER) {
+                pending = stage;
+                continue;
+            }
+        }
+        if (!DEFER || pending >= 0) {  // (a skipped tile after one whose product still runs)
             wgmma_wait<0>();
 #pragma unroll
             for (int kk = 0; kk < N_BLOCKS / 2; ++kk) fence_operand(dsa[kk]);
-            fence_operand(dq_acc);
+            if (DEFER) mbarrier_arrive_warp(&empty[pending]);
+            pending = -1;
         }
         mbarrier_arrive_warp(&empty[stage]);
     }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int kk = 0; kk < N_BLOCKS / 2; ++kk) fence_operand(dsa[kk]);
+    fence_operand(dq_acc);
+    if (pending >= 0) mbarrier_arrive_warp(&empty[pending]);
 
     store_half_rows<T>(dq + qb.b * dq_sb + qb.h * dq_sh + (long long)warp_row0 * dq_ss, dq_ss, dq_acc, scale,
                        seqlen_q - warp_row0, 0, head_dim, lane);
