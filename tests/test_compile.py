@@ -354,6 +354,10 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
         assert arch == "sm_90" and kernel == "forward"
         _check_wgmma_half_sass(cfg, text)
         return
+    if isinstance(cfg, (BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig)):  # plan._backward_families
+        assert arch == "sm_90" and kernel in ("dkdv", "dq")
+        _check_wgmma_half_backward_sass(cfg, text)
+        return
     if isinstance(cfg, WgmmaConfig):  # float32 TF32 modes on sm_90 (plan._forward_families, _backward_families)
         assert arch == "sm_90" and re.search(r"HGMMA\.64x\d+x8\.F32\.TF32", text)
         assert "LDL" not in text and "STL" not in text
@@ -569,6 +573,21 @@ def _check_wgmma_half_sass(cfg, text):
     wgmmas = [line for line in lines if "HGMMA" in line]
     assert all(re.search(rf"HGMMA\.64x\d+x16\.F32{kind} ", line) for line in wgmmas), wgmmas[:2]
     assert len(wgmmas) == cfg.head_dim_pad // 16 + cfg.block_n // 16
+    assert not cc.empty_wgmmas(text)
+    assert "UTMALDG.4D" in text and "SYNCS.PHASECHK" in text
+    assert "USETMAXREG.DEALLOC" in text and "USETMAXREG.TRY_ALLOC" in text
+    assert "LDL" not in text and "STL" not in text
+
+
+def _check_wgmma_half_backward_sass(cfg, text):
+    """A float16 / bfloat16 wgmma backward pass: k16 wgmmas of its type, none empty, at least
+    one step's (S and dP over the head dim; dV and dK, or dQ, over the tile), TMA tile loads,
+    setmaxnreg, no local memory."""
+    kind = r"\.BF16" if cfg.dtype == "bfloat16" else ""
+    wgmmas = [line for line in text.splitlines() if "HGMMA" in line and re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    assert all(re.search(rf"HGMMA\.64x\d+x16\.F32{kind} ", line) for line in wgmmas), wgmmas[:2]
+    steps = 2 * (cfg.block_m // 16) if isinstance(cfg, BwdDkdvWgmmaHalfConfig) else cfg.block_n // 16
+    assert len(wgmmas) >= 2 * (cfg.head_dim_pad // 16) + steps
     assert not cc.empty_wgmmas(text)
     assert "UTMALDG.4D" in text and "SYNCS.PHASECHK" in text
     assert "USETMAXREG.DEALLOC" in text and "USETMAXREG.TRY_ALLOC" in text
