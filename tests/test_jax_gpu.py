@@ -78,7 +78,7 @@ def test_the_policy_reaches_the_forward_and_the_backward_planner():
     q, k, v = (jnp.ones((1, 40, 2, 64), dtype="float16") for _ in range(3))
     with pytest.raises(PlanError, match="no forward configuration fits"):
         ca_jax.attention(q, k, v, policy=Policy(families={"wgmma"}))  # wgmma runs float32 alone
-    no_dkdv = Policy(tiles={"bwd_dkdv_mma": (), "bwd_dkdv_simt": ()})
+    no_dkdv = Policy(tiles={"bwd_dkdv_wgmma_half": (), "bwd_dkdv_mma": (), "bwd_dkdv_simt": ()})
     ca_jax.attention(q, k, v, policy=no_dkdv)
     with pytest.raises(PlanError, match="no backward dK/dV configuration fits"):
         jax.grad(lambda a: ca_jax.attention(a, k, v, policy=no_dkdv).sum().astype("float32"))(q)
