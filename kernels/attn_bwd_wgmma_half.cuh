@@ -100,11 +100,6 @@ __device__ __forceinline__ void init_stage_barriers(unsigned long long* bars, in
     __syncthreads();
 }
 
-// The descriptor of k-step ks (16 columns) of a K-major swizzled operand of `rows` rows.
-__device__ __forceinline__ unsigned long long kmajor_step(unsigned base, int rows, int ks) {
-    return desc_sw128(base, 16, (ks / 4) * rows * 128 + (ks % 4) * 32);
-}
-
 // Write an m64 accumulator tile's warp rows (16, from row0) times `scale` to dst rows
 // [0, valid_rows) (row stride dst_stride), columns [col0, col0 + N) below valid_cols.
 template <typename T, int N_BLOCKS>
@@ -254,23 +249,9 @@ attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const
         if (!skip) {
             float s[M_BLOCKS][4], dp[M_BLOCKS][4];
             wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < K_STEPS; ++ks) {
-                const auto kd = kmajor_step(k_addr, BLOCK_N, ks), qd = kmajor_step(q_addr, BLOCK_M, ks);
-                if (ks == 0)
-                    WgS::template ss<false>(s, kd, qd);
-                else
-                    WgS::template ss<true>(s, kd, qd);
-            }
+            wgmma_kmajor<WgS, K_STEPS>(s, k_addr, BLOCK_N, q_addr, BLOCK_M);
             wgmma_commit();
-#pragma unroll
-            for (int ks = 0; ks < K_STEPS; ++ks) {
-                const auto vd = kmajor_step(v_addr, BLOCK_N, ks), dod = kmajor_step(do_addr, BLOCK_M, ks);
-                if (ks == 0)
-                    WgS::template ss<false>(dp, vd, dod);
-                else
-                    WgS::template ss<true>(dp, vd, dod);
-            }
+            wgmma_kmajor<WgS, K_STEPS>(dp, v_addr, BLOCK_N, do_addr, BLOCK_M);
             wgmma_commit();
 
             const bool needs_mask = m0 + BLOCK_M > seqlen_q || warp_key0 + 16 > seqlen_k ||
@@ -478,23 +459,9 @@ attn_bwd_dq_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T
         if (!skip) {
             float s[N_BLOCKS][4], dp[N_BLOCKS][4];
             wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < K_STEPS; ++ks) {
-                const auto qd = kmajor_step(q_addr, BLOCK_M, ks), kd = kmajor_step(k_addr, BLOCK_N, ks);
-                if (ks == 0)
-                    WgS::template ss<false>(s, qd, kd);
-                else
-                    WgS::template ss<true>(s, qd, kd);
-            }
+            wgmma_kmajor<WgS, K_STEPS>(s, q_addr, BLOCK_M, k_addr, BLOCK_N);
             wgmma_commit();
-#pragma unroll
-            for (int ks = 0; ks < K_STEPS; ++ks) {
-                const auto dod = kmajor_step(do_addr, BLOCK_M, ks), vd = kmajor_step(v_addr, BLOCK_N, ks);
-                if (ks == 0)
-                    WgS::template ss<false>(dp, dod, vd);
-                else
-                    WgS::template ss<true>(dp, dod, vd);
-            }
+            wgmma_kmajor<WgS, K_STEPS>(dp, do_addr, BLOCK_M, v_addr, BLOCK_N);
             wgmma_commit();
 
             const bool needs_mask = warp_row0 + 16 > seqlen_q || n0 + BLOCK_N > seqlen_k ||

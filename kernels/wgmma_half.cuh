@@ -69,6 +69,26 @@ __device__ __forceinline__ void prefetch_tma_map(const TmaMap* map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
 
+// The descriptor of k-step ks (16 columns) of a K-major swizzled operand of `rows` rows.
+__device__ __forceinline__ unsigned long long kmajor_step(unsigned base, int rows, int ks) {
+    return desc_sw128(base, 16, (ks / 4) * rows * 128 + (ks % 4) * 32);
+}
+
+// acc = A B^T over K_STEPS k-steps (issued, not committed): 64 rows of A at shared address a
+// in an a_rows-row tile, B the b_rows-row tile at b, both K-major swizzled.
+template <class Wg, int K_STEPS, int N_BLOCKS>
+__device__ __forceinline__ void wgmma_kmajor(float (&acc)[N_BLOCKS][4], unsigned a, int a_rows, unsigned b,
+                                             int b_rows) {
+#pragma unroll
+    for (int ks = 0; ks < K_STEPS; ++ks) {
+        const auto ad = kmajor_step(a, a_rows, ks), bd = kmajor_step(b, b_rows, ks);
+        if (ks == 0)
+            Wg::template ss<false>(acc, ad, bd);
+        else
+            Wg::template ss<true>(acc, ad, bd);
+    }
+}
+
 // The register A operands of the k-steps over an m64nN accumulator's columns (16 a step):
 // k-step kk takes 8-column blocks 2kk and 2kk + 1, rounded to S (P or dS on their way
 // from one product's accumulators to the next product's A operand).

@@ -186,6 +186,8 @@ def test_the_policy_reaches_the_forward_and_the_backward_planner():
     q, k, v = (torch.randn(1, 2, 40, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
     with pytest.raises(PlanError, match="no forward configuration fits"):
         ca_torch.attention(q, k, v, policy=Policy(families={"wgmma"}))  # wgmma runs float32 alone
-    out = ca_torch.attention(q, k, v, policy=Policy(tiles={"bwd_dkdv_wgmma_half": (), "bwd_dkdv_mma": (), "bwd_dkdv_simt": ()}))
+    out = ca_torch.attention(
+        q, k, v, policy=Policy(tiles={"bwd_dkdv_wgmma_half": (), "bwd_dkdv_mma": (), "bwd_dkdv_simt": ()})
+    )
     with pytest.raises(PlanError, match="no backward dK/dV configuration fits"):
         out.sum().backward()
