@@ -19,27 +19,16 @@ CONSUMER_REGISTERS = 240
 # float32 accumulators (packed operands counted as such) a backward consumer thread keeps
 # without spills in CONSUMER_REGISTERS (tests/test_compile.py compiles the planned tiles).
 CONSUMER_ACCUMULATORS = 224
+_SWIZZLED = "128-byte swizzled 64-column chunks written by the TMA (zeros past head_dim and the sequence)"
 
 
-@dataclasses.dataclass(frozen=True)
-class FwdWgmmaHalfConfig(MmaConfig):
-    """``attn_fwd_wgmma_half``: the forward for float16 / bfloat16 on sm_90a. Two consumer
-    warpgroups (``num_warps`` = 8) own 64 query rows each; a producer warpgroup issues the
-    TMA copies of Q, K and V into 128-byte-swizzled tiles (64-column chunks, zeros past
-    head_dim) through ``stages`` pipeline stages of K and V. ``pingpong``: the two consumer
-    warpgroups take turns issuing their wgmmas (named barriers), one's softmax beside the
-    other's products."""
+class WgmmaHalfConfig(MmaConfig):
+    """What the float16 / bfloat16 wgmma kernels share: sm_90a, TMA maps of their inputs as
+    the last argument (cupyattn/tma.py), a producer warpgroup beside ``num_warps`` consumer
+    warps, 128-byte-swizzled tiles of 64-column chunks."""
 
-    pingpong: bool = True
-
-    KERNEL: ClassVar[str] = "cupyattn::attn_fwd_wgmma_half"
-    LAYOUT: ClassVar[str] = "cupyattn::FwdWgmmaHalfLayout"
-    HEADER: ClassVar[str] = "attn_fwd_wgmma_half.cuh"
     ARCH_SUFFIX: ClassVar[str] = "a"  # sm_90 -> sm_90a (wgmma, setmaxnreg)
-    # The tile is the warpgroups' (64 rows each), not a size the planner shrinks to short
-    # queries (_mma_candidates' cap on block_m).
-    FIXED_BLOCK_M: ClassVar[bool] = True
-    TMA_MAPS: ClassVar[bool] = True  # a second argument: the TMA maps of q, k, v (cupyattn/tma.py)
+    TMA_MAPS: ClassVar[bool] = True
 
     @staticmethod
     def runs_on(device: DeviceSpec, dtype: str, precision: str) -> bool:
@@ -50,7 +39,7 @@ class FwdWgmmaHalfConfig(MmaConfig):
         causal = "true" if self.causal else "false"
         return (
             f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}, "
-            f"{self.num_warps}, {causal}, {'true' if self.pingpong else 'false'}>"
+            f"{self.num_warps}, {causal}>"
         )
 
     @property
@@ -65,6 +54,38 @@ class FwdWgmmaHalfConfig(MmaConfig):
     def d_chunks(self) -> int:
         """64-column chunks of a swizzled tile (the TMA box is 64 columns wide)."""
         return -(-self.head_dim_pad // 64)
+
+    def _swizzled(self, builder: LayoutBuilder, name: str, rows: int, stages: int = 0) -> LayoutBuilder:
+        """A tile of ``rows`` rows as swizzled chunks (``stages`` pipeline stages of it)."""
+        shape = (self.d_chunks, rows, 64)
+        if stages:
+            return builder.add(
+                name, (stages, *shape), self.dtype, f"{stages} pipeline stages; {_SWIZZLED}", align=SWIZZLE_ALIGN
+            )
+        return builder.add(name, shape, self.dtype, _SWIZZLED, align=SWIZZLE_ALIGN)
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdWgmmaHalfConfig(WgmmaHalfConfig):
+    """``attn_fwd_wgmma_half``: the forward for float16 / bfloat16 on sm_90a. Two consumer
+    warpgroups (``num_warps`` = 8) own 64 query rows each; a producer warpgroup issues the
+    TMA copies of Q, K and V into 128-byte-swizzled tiles (64-column chunks, zeros past
+    head_dim) through ``stages`` pipeline stages of K and V. ``pingpong``: the two consumer
+    warpgroups take turns issuing their wgmmas (named barriers), one's softmax beside the
+    other's products."""
+
+    pingpong: bool = True
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_fwd_wgmma_half"
+    LAYOUT: ClassVar[str] = "cupyattn::FwdWgmmaHalfLayout"
+    HEADER: ClassVar[str] = "attn_fwd_wgmma_half.cuh"
+    # The tile is the warpgroups' (64 rows each), not a size the planner shrinks to short
+    # queries (_mma_candidates' cap on block_m).
+    FIXED_BLOCK_M: ClassVar[bool] = True
+
+    @functools.cached_property
+    def name_expression(self) -> str:
+        return f"{super().name_expression[:-1]}, {'true' if self.pingpong else 'false'}>"
 
     @property
     def stages(self) -> int:
@@ -84,13 +105,11 @@ class FwdWgmmaHalfConfig(MmaConfig):
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
-        c, m, n, s = self.d_chunks, self.block_m, self.block_n, self.stages
-        swz = "128-byte swizzled 64-column chunks written by the TMA (zeros past head_dim and the sequence)"
+        m, n, s = self.block_m, self.block_n, self.stages
+        b = self._swizzled(LayoutBuilder(), "q_tile", m)
+        b = self._swizzled(b, "k_tiles", n, s)
         return (
-            LayoutBuilder()
-            .add("q_tile", (c, m, 64), self.dtype, swz, align=SWIZZLE_ALIGN)
-            .add("k_tiles", (s, c, n, 64), self.dtype, f"{s} pipeline stages; {swz}", align=SWIZZLE_ALIGN)
-            .add("v_tiles", (s, c, n, 64), self.dtype, f"{s} pipeline stages; {swz}", align=SWIZZLE_ALIGN)
+            self._swizzled(b, "v_tiles", n, s)
             .add(
                 "barriers",
                 (1 + 4 * s,),
@@ -120,41 +139,13 @@ class FwdWgmmaHalfConfig(MmaConfig):
 
 
 _HALF_N = (64, 80, 96, 128, 176, 192, 256)  # WgmmaHalf's n-sizes (kernels/wgmma_half.cuh)
-_SWIZZLED = "128-byte swizzled 64-column chunks written by the TMA (zeros past head_dim and the sequence)"
 
 
-class _BwdWgmmaHalf(MmaConfig):
-    """What the two float16 / bfloat16 wgmma backward passes share: sm_90a, TMA maps of q,
-    k, v and dout, a producer warpgroup beside ``num_warps`` consumer warps."""
+class _BwdWgmmaHalf(WgmmaHalfConfig):
+    """The two backward passes: TMA maps of q, k, v and dout (tma.bwd_tma_maps)."""
 
     HEADER: ClassVar[str] = "attn_bwd_wgmma_half.cuh"
-    ARCH_SUFFIX: ClassVar[str] = "a"
-    TMA_MAPS: ClassVar[bool] = True  # the last argument: the TMA maps of q, k, v, dout (tma.bwd_tma_maps)
     STAGES: ClassVar[int] = 2  # BWD_HALF_STAGES
-
-    @staticmethod
-    def runs_on(device: DeviceSpec, dtype: str, precision: str) -> bool:
-        return device.compute_capability == (9, 0) and dtype in ("float16", "bfloat16")
-
-    @functools.cached_property
-    def name_expression(self) -> str:
-        causal = "true" if self.causal else "false"
-        return (
-            f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}, "
-            f"{self.num_warps}, {causal}>"
-        )
-
-    @property
-    def layout_expression(self) -> str:
-        return f"{self.LAYOUT}<{CXX_TYPES[self.dtype]}, {self.head_dim_pad}, {self.block_m}, {self.block_n}>"
-
-    @property
-    def threads(self) -> int:
-        return self.num_warps * 32 + 128  # and the producer warpgroup
-
-    @property
-    def d_chunks(self) -> int:
-        return -(-self.head_dim_pad // 64)
 
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
         load = self.accumulators_per_lane
@@ -194,13 +185,12 @@ class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
-        c, m, n, s = self.d_chunks, self.block_m, self.block_n, self.STAGES
+        m, n, s = self.block_m, self.block_n, self.STAGES
+        b = self._swizzled(LayoutBuilder(), "k_tile", n)
+        b = self._swizzled(b, "v_tile", n)
+        b = self._swizzled(b, "q_tiles", m, s)
         return (
-            LayoutBuilder()
-            .add("k_tile", (c, n, 64), self.dtype, _SWIZZLED, align=SWIZZLE_ALIGN)
-            .add("v_tile", (c, n, 64), self.dtype, _SWIZZLED, align=SWIZZLE_ALIGN)
-            .add("q_tiles", (s, c, m, 64), self.dtype, f"{s} pipeline stages; {_SWIZZLED}", align=SWIZZLE_ALIGN)
-            .add("do_tiles", (s, c, m, 64), self.dtype, f"{s} pipeline stages; {_SWIZZLED}", align=SWIZZLE_ALIGN)
+            self._swizzled(b, "do_tiles", m, s)
             .add("lse_tiles", (s, m), "float32", "lse * log2(e) per query row, written by a producer warp")
             .add("delta_tiles", (s, m), "float32", "rowsum(dO * O) per query row, written by a producer warp")
             .add(
@@ -253,13 +243,12 @@ class BwdDqWgmmaHalfConfig(_BwdWgmmaHalf):
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
-        c, m, n, s = self.d_chunks, self.block_m, self.block_n, self.STAGES
+        m, n, s = self.block_m, self.block_n, self.STAGES
+        b = self._swizzled(LayoutBuilder(), "q_tile", m)
+        b = self._swizzled(b, "do_tile", m)
+        b = self._swizzled(b, "k_tiles", n, s)
         return (
-            LayoutBuilder()
-            .add("q_tile", (c, m, 64), self.dtype, _SWIZZLED, align=SWIZZLE_ALIGN)
-            .add("do_tile", (c, m, 64), self.dtype, _SWIZZLED, align=SWIZZLE_ALIGN)
-            .add("k_tiles", (s, c, n, 64), self.dtype, f"{s} pipeline stages; {_SWIZZLED}", align=SWIZZLE_ALIGN)
-            .add("v_tiles", (s, c, n, 64), self.dtype, f"{s} pipeline stages; {_SWIZZLED}", align=SWIZZLE_ALIGN)
+            self._swizzled(b, "v_tiles", n, s)
             .add(
                 "barriers",
                 (1 + 3 * s,),
