@@ -124,8 +124,10 @@ def differing(before, after) -> list:
 
 
 def _run_worker(tree: str, argv: list, **kwargs) -> subprocess.CompletedProcess:
-    """This script as a worker (argv after the script's path) with ``tree`` on PYTHONPATH."""
-    env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+    """This script as a worker (argv after the script's path) with ``tree`` on PYTHONPATH, run
+    in the tree (named by its absolute path: a relative one would not name it from there)."""
+    tree = str(Path(tree).resolve())
+    env = {**os.environ, "PYTHONPATH": tree}
     return subprocess.run([sys.executable, __file__, *argv, "--worker", tree], env=env, cwd=tree, check=True, **kwargs)
 
 
