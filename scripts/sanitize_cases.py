@@ -1,6 +1,6 @@
 """compute-sanitizer's reduced suite: every kernel family once per dtype (float32 in each
-precision mode: 3xTF32, TF32, bfloat16- and float16-staged; the wgmma forward and
-backward on sm_90), causal and not, odd sizes (1, tile - 1, tile + 1, Sq != Sk), GQA,
+precision mode: 3xTF32, TF32, bfloat16- and float16-staged; on sm_90 the wgmma forward and
+backward of float32 and of float16 / bfloat16), causal and not, odd sizes (1, tile - 1, tile + 1, Sq != Sk), GQA,
 strided views; and, with --planted TOOL, one planted bug per tool, which the tool must
 report before its clean report on the suite is believed. CuPy's memory pool is off, so
 an out-of-bounds access lands outside any allocation. scripts/sanitize.sh runs both under
@@ -18,7 +18,15 @@ import numpy as np
 import cupyattn
 from cupyattn import testing
 from cupyattn.device import current_device
-from cupyattn.plan import AttentionProblem, FwdWgmmaConfig, Policy, WgmmaConfig, plan_backward, plan_forward
+from cupyattn.plan import (
+    AttentionProblem,
+    FwdWgmmaConfig,
+    Policy,
+    WgmmaConfig,
+    WgmmaHalfConfig,
+    plan_backward,
+    plan_forward,
+)
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
@@ -54,10 +62,12 @@ def suite():
             n += 1
     n_wgmma = _wgmma_forward(rng)
     n_wgmma_bwd = _wgmma_backward(rng)
+    n_half = _wgmma_half(rng)
     cupy.cuda.Device().synchronize()
     print(
         f"sanitize cases: {n} shapes x (forward, backward, strided forward) ran, "
-        f"{n_wgmma} wgmma forwards, {n_wgmma_bwd} wgmma backwards"
+        f"{n_wgmma} wgmma forwards, {n_wgmma_bwd} wgmma backwards, {n_half} float16 / bfloat16 wgmma "
+        "forwards and backwards"
     )
 
 
@@ -137,6 +147,33 @@ def _wgmma_backward(rng) -> int:
                     policy=policy,
                 )
                 n += 1
+    return n
+
+
+def _wgmma_half(rng) -> int:
+    """The sm_90a float16 / bfloat16 wgmma forward and backward passes (TMA-loaded tiles)
+    wherever a case can take one of their kernels, mma.sync's tiles out of the way; longer
+    cases add partial tiles past one block (keys no row sees, d_split 2 at 256)."""
+    if current_device().compute_capability != (9, 0):
+        return 0
+    policy = Policy(families={"wgmma_half", "simt"})
+    extra = [(1, 130, 200, 2, 1, 64, True), (2, 100, 70, 4, 2, 128, False), (1, 129, 129, 2, 2, 256, "top_left")]
+    n = 0
+    for dtype in ("float16", "bfloat16"):
+        for B, Sq, Sk, Hq, Hkv, D, causal in CASES + extra:
+            problem = AttentionProblem(dtype, D, D, causal, B, Hq, Hkv, Sq, Sk)
+            fwd = plan_forward(problem, current_device(), policy=policy)
+            bwd = plan_backward(problem, current_device(), policy=policy)
+            if not any(isinstance(c, WgmmaHalfConfig) for c in (fwd.config, *(p.config for p in bwd.plans))):
+                continue
+            q, k, v, do = (
+                testing.to_device(testing.host_values(shape, dtype, rng), dtype)
+                for shape in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D))
+            )
+            _case("wgmma_half forward and backward", dtype, (B, Sq, Sk, Hq, Hkv, D, causal))
+            out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, policy=policy)
+            cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, policy=policy)
+            n += 1
     return n
 
 

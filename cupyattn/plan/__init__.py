@@ -70,7 +70,7 @@ from .tiles import (
     WGMMA_FORWARD_MIN_KEYS,
 )
 from .wgmma import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, BwdFusedWgmmaConfig, FwdWgmmaConfig, WgmmaConfig
-from .wgmma_half import BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig, FwdWgmmaHalfConfig
+from .wgmma_half import BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig, FwdWgmmaHalfConfig, WgmmaHalfConfig
 
 __all__ = [
     "AttentionProblem",
@@ -108,6 +108,7 @@ __all__ = [
     "StagingConfig",
     "TILE_KEYS",
     "WgmmaConfig",
+    "WgmmaHalfConfig",
     "MAX_ACCUMULATORS_PER_LANE",
     "BWD_DKDV_MMA_TILES",
     "BWD_DKDV_SIMT_TILES",
