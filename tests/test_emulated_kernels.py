@@ -332,8 +332,17 @@ def _half_array(values, dtype):
 @pytest.mark.skipif(not hasattr(_ptx_emulator, "tensor_map"), reason="the emulator has no TMA maps yet")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("D", [64, 72])
-@pytest.mark.parametrize("causal,Sq,Sk", [(False, 65, 65), (True, 65, 65), ("top_left", 65, 200)])
-def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk):
+@pytest.mark.parametrize(
+    "causal,Sq,Sk,block_n",
+    [
+        (False, 65, 65, 128),
+        (True, 65, 65, 128),
+        ("top_left", 65, 200, 128),
+        (False, 70, 300, 128),  # three key tiles: S of each beside P V of the last
+        (True, 256, 256, 64),  # a warpgroup whose rows end before the block's last key tiles
+    ],
+)
+def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk, block_n):
     """The float16 / bfloat16 wgmma forward (producer warpgroup, TMA loads into swizzled
     tiles, SS and RS wgmma, mbarrier stages) on B=1, H=1, S=65 (a partial query and key
     tile) and, top-left causal, Sq=65 < Sk=200 (the key tile reaches past the rows' keys:
@@ -346,18 +355,19 @@ def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk)
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
     precision = "bf16" if dtype == "bfloat16" else "fp16"
-    cfg = FwdWgmmaHalfConfig(dtype, precision, (D + 15) // 16 * 16, 128, 128, 8, bool(causal))
+    cfg = FwdWgmmaHalfConfig(dtype, precision, (D + 15) // 16 * 16, 128, block_n, 8, bool(causal))
     rng = np.random.default_rng(D + Sk + bool(causal))
     hq, hk, hv = (testing.host_values((1, s, 1, D), dtype, rng) for s in (Sq, Sk, Sk))
     q, k, v = (_half_array(x, dtype) for x in (hq, hk, hv))
     out = _half_array(np.full((1, Sq, 1, D), np.nan, np.float32), dtype)
     lse = np.full((1, 1, Sq), np.nan, np.float32)
-    maps = np.concatenate([_ptx_emulator.tensor_map(q, 128), *(_ptx_emulator.tensor_map(x, 128) for x in (k, v))])
+    maps = np.concatenate([_ptx_emulator.tensor_map(q, 128), *(_ptx_emulator.tensor_map(x, block_n) for x in (k, v))])
+    m_tiles = -(-Sq // 128)
     offset = causal_offset(causal, Sq, Sk) or 0
-    sizes = (np.int32(1), np.int32(1), np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D), np.int32(1))
+    sizes = (np.int32(1), np.int32(1), np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D), np.int32(m_tiles))
     scalars = (np.float32(LOG2E / np.sqrt(D)), np.int32(offset))
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(out))
-    _run(cfg, 1, [q, k, v, out, lse, *strides, *sizes, *scalars, maps], cfg.layout.total)
+    _run(cfg, m_tiles, [q, k, v, out, lse, *strides, *sizes, *scalars, maps], cfg.layout.total)
     got = out.astype(np.float32)
     ref, ref_lse = attention_reference(hq, hk, hv, causal)
     ref_p, _ = attention_reference(hq, hk, hv, causal, precision=dtype)
