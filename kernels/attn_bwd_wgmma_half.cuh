@@ -87,14 +87,14 @@ struct BwdDqWgmmaHalfLayout {
     static_assert(KV_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "swizzled chunks");
 };
 
-// Thread 0 initializes the barriers: `full` of FULL_ARRIVALS each, then `empty` of EMPTY_ARRIVALS;
-// the block waits until it has.
-template <int FULL, int FULL_ARRIVALS, int EMPTY, int EMPTY_ARRIVALS>
-__device__ __forceinline__ void init_stage_barriers(unsigned long long* bars, int first_full = 0,
-                                                    int first_arrivals = 1) {
+// Thread 0 initializes the dK/dV pass's barriers: one of a single arrival (K and V landed),
+// STAGES of FULL_ARRIVALS (a stage full), STAGES of EMPTY_ARRIVALS (free again); the block
+// waits until it has. (init_mbarriers, wgmma.cuh, with full barriers of more than one arrival.)
+template <int STAGES, int FULL_ARRIVALS, int EMPTY_ARRIVALS>
+__device__ __forceinline__ void init_dkdv_barriers(unsigned long long* bars) {
     if (threadIdx.x == 0) {
-        for (int i = 0; i < FULL; ++i) mbarrier_init(&bars[i], i < first_full ? first_arrivals : FULL_ARRIVALS);
-        for (int i = FULL; i < FULL + EMPTY; ++i) mbarrier_init(&bars[i], EMPTY_ARRIVALS);
+        for (int i = 0; i < 1 + STAGES; ++i) mbarrier_init(&bars[i], i < 1 ? 1 : FULL_ARRIVALS);
+        for (int i = 1 + STAGES; i < 1 + 2 * STAGES; ++i) mbarrier_init(&bars[i], EMPTY_ARRIVALS);
         fence_mbarrier_init();
     }
     __syncthreads();
@@ -170,7 +170,7 @@ attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const
     const int n_items = kb.group * m_tiles;
 
     // full: the TMA thread's arrival and the lse warp's 32.
-    init_stage_barriers<1 + STAGES, 33, STAGES, NUM_WARPS>(bars, 1, 1);
+    init_dkdv_barriers<STAGES, 33, NUM_WARPS>(bars);
 
     if (warp >= NUM_WARPS) {  // the producer warpgroup
         setmaxnreg_dec<24>();
@@ -377,7 +377,7 @@ attn_bwd_dq_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T
     const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
 
-    init_stage_barriers<1 + 2 * STAGES, 1, STAGES, NUM_WARPS>(bars);
+    init_mbarriers<1 + 2 * STAGES, STAGES, NUM_WARPS>(bars);
 
     if (warp >= NUM_WARPS) {
         setmaxnreg_dec<24>();
