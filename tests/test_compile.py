@@ -594,18 +594,18 @@ def _check_wgmma_half_backward_sass(cfg, text):
     assert "LDL" not in text and "STL" not in text
 
 
-# The float16 / bfloat16 wgmma forward at every head dim the tensor cores take (8..256 step
-# 8, padded to 16 as planned), each dtype, causal and not, as planned on an H100.
-WGMMA_HALF_PLANNED = sorted(
-    (
-        cfg
-        for cfg in planned_configs(
-            named_device("h100"), range(8, 257, 8), ("float16", "bfloat16"), causals=(False, True)
-        ).values()
-        if isinstance(cfg, FwdWgmmaHalfConfig)
-    ),
-    key=lambda c: c.name_expression,
-)
+# Every configuration planned on an H100 for float16 / bfloat16 at every head dim the tensor
+# cores take (8..256 step 8, padded to 16 as planned), causal and not.
+H100_HALF_PLANNED = planned_configs(
+    named_device("h100"), range(8, 257, 8), ("float16", "bfloat16"), causals=(False, True)
+).values()
+
+
+def _planned(*classes) -> list:
+    return sorted((c for c in H100_HALF_PLANNED if isinstance(c, classes)), key=lambda c: c.name_expression)
+
+
+WGMMA_HALF_PLANNED = _planned(FwdWgmmaHalfConfig)  # the wgmma forward
 
 
 def test_wgmma_half_forward_is_planned_at_every_padded_head_dim():
@@ -647,18 +647,7 @@ def test_wgmma_half_forward_with_and_without_ping_pong_keeps_its_wgmmas_asynchro
             assert report.spills == 0 and "C7514" not in report.log and "C7517" not in report.log, report.log
 
 
-# The float16 / bfloat16 wgmma backward passes as planned on an H100 (both dtypes, causal and
-# not, head dims 8..256 step 8).
-WGMMA_HALF_BACKWARD_PLANNED = sorted(
-    (
-        cfg
-        for cfg in planned_configs(
-            named_device("h100"), range(8, 257, 8), ("float16", "bfloat16"), causals=(False, True)
-        ).values()
-        if isinstance(cfg, (BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig))
-    ),
-    key=lambda c: c.name_expression,
-)
+WGMMA_HALF_BACKWARD_PLANNED = _planned(BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig)  # its two backward passes
 
 
 def test_wgmma_half_backward_is_planned_where_its_accumulators_fit():
