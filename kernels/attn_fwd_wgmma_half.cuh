@@ -162,34 +162,49 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
         for (int e = 0; e < 4; ++e) o_acc[j][e] = 0.0f;
     float m_run[2] = {CUPYATTN_NEG_INF, CUPYATTN_NEG_INF}, l_run[2] = {0.0f, 0.0f};  // rows g, g + 8
 
+    // Causal: this warpgroup computes the key tiles up to its last row's diagonal (n_mine);
+    // it still waits for every tile, takes its turns and releases each stage, so that its
+    // arrivals count toward each tile's phase and the turns stay in step.
+    const int last_key = wg_row0 + 63 + causal_offset;
+    const int n_mine = !CAUSAL ? n_tiles : last_key < 0 ? 0 : min(n_tiles, last_key / BLOCK_N + 1);
+
+    // S = Q K^T of a key tile, issued.
+    auto issue_s = [&](float (&s)[N_BLOCKS][4], int tile) {
+        const unsigned k_addr = wg_smem_addr(k_tiles + tile % L::STAGES * L::KV_BYTES);
+        wgmma_kmajor<WgS, K_STEPS>(s, q_addr, BLOCK_M, k_addr, BLOCK_N);
+    };
+    // O += P V of a key tile, issued.
+    auto issue_pv = [&](const unsigned (&p)[BLOCK_N / 16][4], int tile) {
+        const unsigned v_addr = wg_smem_addr(v_tiles + tile % L::STAGES * L::KV_BYTES);
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            WgO::template rs<true>(o_acc, p[kk], desc_sw128(v_addr, BLOCK_N * 128, kk * 2048));
+    };
+    // Online softmax of a tile's scores, as attn_fwd_mma (S becomes P); alpha rescales O.
+    // Masks only where the tile reaches past the sequence end or the warp's causal diagonal.
+    auto softmax = [&](float (&s)[N_BLOCKS][4], int tile, float (&alpha)[2]) {
+        const int n0 = tile * BLOCK_N;
+        const bool needs_mask =
+            n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+            alpha[half] = online_softmax_row<N_BLOCKS, CAUSAL>(s, half, warp_row0 + g + half * 8, n0, t, needs_mask,
+                                                               seqlen_k, causal_offset, scale_log2, m_run[half],
+                                                               l_run[half]);
+    };
+
+    // Each step issues this tile's S = Q K^T together with the previous tile's O += P V,
+    // so that this tile's softmax runs while the tensor cores do the previous tile's P V.
+    float s[N_BLOCKS][4];
+    unsigned p[BLOCK_N / 16][4];  // the previous tile's P, the A operand of its P V
     Turn::start(wg);
     mbarrier_wait(st.q_full(), 0);
-    for (int tile = 0; tile < n_tiles; ++tile) {
-        const int n0 = tile * BLOCK_N;
-        const unsigned parity = HalfStages<L>::parity(tile);
-        const unsigned k_addr = wg_smem_addr(k_tiles + tile % L::STAGES * L::KV_BYTES);
-        unsigned char* v_stage = v_tiles + tile % L::STAGES * L::KV_BYTES;
-        // Causal: a warpgroup whose last row precedes this tile's first key has nothing to
-        // add, but still waits for the tile before it releases it (so that its arrivals
-        // count toward this tile's phase, not an earlier one of the stage).
-        const bool skip = CAUSAL && n0 > wg_row0 + 63 + causal_offset;
-
-        // S = Q K^T.
-        float s[N_BLOCKS][4];
-        mbarrier_wait(st.k_full(tile), parity);
+    if (n_tiles > 0) {
+        mbarrier_wait(st.k_full(0), 0);
         Turn::wait(wg);  // (a warpgroup with nothing to add still takes its turns)
-        if (!skip) {
+        if (n_mine > 0) {
             wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < K_STEPS; ++ks) {
-                const unsigned off_q = (ks / 4) * BLOCK_M * 128 + (ks % 4) * 32;
-                const unsigned off_k = (ks / 4) * BLOCK_N * 128 + (ks % 4) * 32;
-                const auto qd = desc_sw128(q_addr, 16, off_q), kd = desc_sw128(k_addr, 16, off_k);
-                if (ks == 0)
-                    WgS::template ss<false>(s, qd, kd);
-                else
-                    WgS::template ss<true>(s, qd, kd);
-            }
+            issue_s(s, 0);
             wgmma_commit();
             Turn::pass(wg);  // (in the same branch as the wait: ptxas serializes wgmmas across one)
             wgmma_wait<0>();
@@ -197,29 +212,60 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
         } else {
             Turn::pass(wg);
         }
-        mbarrier_arrive_warp(st.k_empty(tile));
-
-        unsigned p[BLOCK_N / 16][4];
-        if (!skip) {
-            // Online softmax, as attn_fwd_mma; masks only where the tile reaches past the
-            // sequence end or the warp's causal diagonal.
-            const bool needs_mask =
-                n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const float alpha =
-                    online_softmax_row<N_BLOCKS, CAUSAL>(s, half, warp_row0 + g + half * 8, n0, t, needs_mask,
-                                                         seqlen_k, causal_offset, scale_log2, m_run[half], l_run[half]);
-#pragma unroll
-                for (int j = 0; j < DV / 8; ++j) {
-                    o_acc[j][half * 2] *= alpha;
-                    o_acc[j][half * 2 + 1] *= alpha;
-                }
-            }
+        mbarrier_arrive_warp(st.k_empty(0));
+        if (n_mine > 0) {
+            float alpha[2];  // (O is still zero)
+            softmax(s, 0, alpha);
             pack_a_operands<T>(p, s);
         }
-
-        mbarrier_wait(st.v_full(tile), parity);
+    }
+    for (int tile = 1; tile < n_tiles; ++tile) {
+        mbarrier_wait(st.k_full(tile), HalfStages<L>::parity(tile));
+        mbarrier_wait(st.v_full(tile - 1), HalfStages<L>::parity(tile - 1));
+        Turn::wait(wg);
+        if (tile < n_mine) {
+            wgmma_fence();
+            issue_s(s, tile);
+            wgmma_commit();
+            issue_pv(p, tile - 1);
+            wgmma_commit();
+            Turn::pass(wg);
+            wgmma_wait<1>();
+            fence_operand(s);
+            mbarrier_arrive_warp(st.k_empty(tile));
+            float alpha[2];
+            softmax(s, tile, alpha);
+            wgmma_wait<0>();
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) fence_operand(p[kk]);
+            fence_operand(o_acc);
+            mbarrier_arrive_warp(st.v_empty(tile - 1));
+#pragma unroll
+            for (int j = 0; j < DV / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o_acc[j][e] *= alpha[e / 2];
+            pack_a_operands<T>(p, s);
+        } else if (tile == n_mine) {  // the previous tile was this warpgroup's last
+            wgmma_fence();
+            issue_pv(p, tile - 1);
+            wgmma_commit();
+            Turn::pass(wg);
+            wgmma_wait<0>();
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) fence_operand(p[kk]);
+            fence_operand(o_acc);
+            mbarrier_arrive_warp(st.k_empty(tile));
+            mbarrier_arrive_warp(st.v_empty(tile - 1));
+        } else {
+            Turn::pass(wg);
+            mbarrier_arrive_warp(st.k_empty(tile));
+            mbarrier_arrive_warp(st.v_empty(tile - 1));
+        }
+    }
+    if (n_tiles > 0) {
+        const int last = n_tiles - 1, n0 = last * BLOCK_N;
+        unsigned char* v_stage = v_tiles + last % L::STAGES * L::KV_BYTES;
+        mbarrier_wait(st.v_full(last), HalfStages<L>::parity(last));
         // A causal block's last tile may reach past every key its rows see (n_end): those V
         // rows are zeroed (the TMA zero-fills past seqlen_k only), so that NaN or inf in keys
         // no row may see cannot reach O through 0 * NaN. Both warpgroups, then they meet.
@@ -229,13 +275,9 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
             named_barrier_sync(5, CONSUMERS);
         }
         Turn::wait(wg);
-        if (!skip) {
-            // O += P V.
-            const unsigned v_addr = wg_smem_addr(v_stage);
+        if (n_mine == n_tiles) {
             wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-                WgO::template rs<true>(o_acc, p[kk], desc_sw128(v_addr, BLOCK_N * 128, kk * 2048));
+            issue_pv(p, last);
             wgmma_commit();
             Turn::pass(wg);
             wgmma_wait<0>();
@@ -245,7 +287,7 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
         } else {
             Turn::pass(wg);
         }
-        mbarrier_arrive_warp(st.v_empty(tile));
+        mbarrier_arrive_warp(st.v_empty(last));
     }
     Turn::finish(wg);
 

@@ -565,14 +565,16 @@ def test_wgmma_kernels_load_from_a_cubin_compiled_once_for_sm_90a(monkeypatch, t
 
 
 def _check_wgmma_half_sass(cfg, text):
-    """The float16 / bfloat16 wgmma forward: k16 wgmmas of its type (S's D_PAD / 16, P V's
-    block_n / 16, none empty), TMA tile loads, the producer's and consumers' setmaxnreg, no
-    local memory."""
+    """The float16 / bfloat16 wgmma forward: k16 wgmmas of its type (S's D_PAD / 16 for the
+    first tile and the overlapped steps; P V's block_n / 16 there and for the last tile, and
+    causal for a warpgroup's last tile before the block's; none empty), TMA tile loads, the
+    producer's and consumers' setmaxnreg, no local memory."""
     kind = r"\.BF16" if cfg.dtype == "bfloat16" else ""  # (float16 operands: HGMMA.64xNx16.F32)
     lines = [line for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
     wgmmas = [line for line in lines if "HGMMA" in line]
     assert all(re.search(rf"HGMMA\.64x\d+x16\.F32{kind} ", line) for line in wgmmas), wgmmas[:2]
-    assert len(wgmmas) == cfg.head_dim_pad // 16 + cfg.block_n // 16
+    pv_copies = 3 if cfg.causal else 2
+    assert len(wgmmas) == 2 * (cfg.head_dim_pad // 16) + pv_copies * (cfg.block_n // 16)
     assert not cc.empty_wgmmas(text)
     assert "UTMALDG.4D" in text and "SYNCS.PHASECHK" in text
     assert "USETMAXREG.DEALLOC" in text and "USETMAXREG.TRY_ALLOC" in text

@@ -340,6 +340,7 @@ def _half_array(values, dtype):
         ("top_left", 65, 200, 128),
         (False, 70, 300, 128),  # three key tiles: S of each beside P V of the last
         (True, 256, 256, 64),  # a warpgroup whose rows end before the block's last key tiles
+        (True, 200, 100, 64),  # rows that see no key: a warpgroup with none beside one with some
     ],
 )
 def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk, block_n):
