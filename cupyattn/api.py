@@ -498,8 +498,10 @@ def attention_backward(
            no result depends on the order in which blocks finish. ``False`` lets
            the planner fuse dQ into the dK/dV pass, added with float32 atomics in
            whatever order blocks finish (``plan.BwdFusedWgmmaConfig``: float32 in
-           "fp32" / "tf32" on sm_90, where it measured faster); elsewhere it gives
-           the deterministic algorithm.
+           "fp32" / "tf32" on sm_90, where it measured faster;
+           ``plan.BwdFusedWgmmaHalfConfig``: float16 / bfloat16 on sm_90, into a
+           float32 accumulator of 4 * B * Sq * Hq * D bytes, then rounded into dq);
+           elsewhere it gives the deterministic algorithm.
 
     Algorithm (FlashAttention-2): delta = rowsum(dout * out) (its own launch, or
     the staging launch of a wgmma dK/dV pass as it reads dout); a dK/dV pass that
@@ -614,8 +616,12 @@ def attention_backward(
         num_n_tiles = -(-call.Sk // cfg.block_n)
         fused = ()
         if bplan.dq is None:  # dQ added by the dK/dV pass with atomics (deterministic=False)
-            _zero_fill(dqs)
-            fused = (_ptr(dqs), *_elem_strides(dqs))
+            if bplan.dq_convert is None:  # float32: into dq itself
+                _zero_fill(dqs)
+                fused = (_ptr(dqs), *_elem_strides(dqs))
+            else:  # float16 / bfloat16: into a float32 accumulator, then scaled and rounded
+                dq_accum = cupy.zeros((call.B, call.Sq, call.Hq, call.D), dtype=cupy.float32)
+                fused = (_ptr(dq_accum), *_elem_strides(dq_accum))
         # Everything the dQ pass reads is ready here (delta too), so it runs on a second
         # stream beside the dK/dV pass (OVERLAP_DQ), whose last blocks leave SMs idle otherwise.
         main = cupy.cuda.get_current_stream()
@@ -641,6 +647,24 @@ def attention_backward(
             ),
             bplan.dkdv.smem_bytes,
         )
+        if bplan.dq_convert is not None:
+            quads = dq_accum.size // 4
+            _launch(
+                bplan.dq_convert,
+                spec,
+                -(-quads // bplan.dq_convert.threads),
+                "q",
+                (
+                    _ptr(dq_accum),
+                    _ptr(dqs),
+                    *_elem_strides(dqs),
+                    np.int32(call.Hq),
+                    np.int32(call.Sq),
+                    np.int32(call.D),
+                    np.float32(call.scale),
+                    np.int64(quads),
+                ),
+            )
         if bplan.dq is None:
             return dq, dk, dv
 

@@ -103,7 +103,12 @@ def describe_backward_plan(bplan: BackwardPlan) -> str:
         if bplan.delta is not None
         else f"delta: computed by {bplan.dkdv.config.staging.kernel_name}, as it stages dO"
     )
-    return "\n".join([delta] + [describe_plan(p) for p in bplan.plans])
+    convert = (
+        [f"{bplan.dq_convert.name_expression} (no shared memory): dq = scale * the float32 dQ accumulator"]
+        if bplan.dq_convert is not None
+        else []
+    )
+    return "\n".join([delta] + [describe_plan(p) for p in bplan.plans] + convert)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,6 +70,19 @@ struct BwdDkdvWgmmaHalfLayout {
     static_assert(KV_BYTES % 1024 == 0 && QD_BYTES % 1024 == 0, "swizzled chunks");
 };
 
+// The fused pass's: the dK/dV pass's, then two dS^T tiles (one item's written while the last
+// item's dQ may still read the other).
+template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N>
+struct BwdFusedWgmmaHalfLayout : BwdDkdvWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N> {
+    using Base = BwdDkdvWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
+    static constexpr int DS_BYTES = BLOCK_N * BLOCK_M * 2;  // [BLOCK_N keys][BLOCK_M queries] T
+    static constexpr int ds_tiles = (Base::total + 1023) / 1024 * 1024;
+    static constexpr int total = ds_tiles + 2 * DS_BYTES;
+    static constexpr int num_buffers = 8;
+    static constexpr int offsets[num_buffers] = {Base::k_tile,    Base::v_tile,      Base::q_tiles,  Base::do_tiles,
+                                                 Base::lse_tiles, Base::delta_tiles, Base::barriers, ds_tiles};
+};
+
 template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N>
 struct BwdDqWgmmaHalfLayout {
     static constexpr int D_CHUNKS = (D_PAD + 63) / 64;
@@ -100,6 +113,29 @@ __device__ __forceinline__ void init_dkdv_barriers(unsigned long long* bars) {
     __syncthreads();
 }
 
+// Named barriers of the fused pass (5: the consumers' own): dS^T tile i % 2 written.
+constexpr int DS_READY = 6;
+
+// Add a 64-column dQ chunk's warp rows (16, from row0) to float32 rows (row stride
+// row_stride) below valid_rows, columns [col0, col0 + 64) below valid_cols.
+__device__ __forceinline__ void add_dq_rows(float* rows, long long row_stride, const float (&acc)[8][4], int row0,
+                                            int valid_rows, int col0, int valid_cols, int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = row0 + g + half * 8;
+        if (r >= valid_rows) continue;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int c = col0 + j * 8 + 2 * t;  // head_dim % 8 == 0: c and c + 1 both in or both out
+            if (c < valid_cols)
+                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(rows + r * row_stride + c),
+                             "f"(acc[j][half * 2]), "f"(acc[j][half * 2 + 1])
+                             : "memory");
+        }
+    }
+}
+
 // Write an m64 accumulator tile's warp rows (16, from row0) times `scale` to dst rows
 // [0, valid_rows) (row stride dst_stride), columns [col0, col0 + N) below valid_cols.
 template <typename T, int N_BLOCKS>
@@ -120,41 +156,57 @@ __device__ __forceinline__ void store_half_rows(T* dst, long long dst_stride, co
     }
 }
 
-template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
-__global__ void
-__launch_bounds__(NUM_WARPS * 32 + 128, 1)
-attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                         const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                         T* __restrict__ dk, T* __restrict__ dv, long long q_sb, long long q_ss, long long q_sh,
-                         long long k_sb, long long k_ss, long long k_sh, long long v_sb, long long v_ss,
-                         long long v_sh, long long do_sb, long long do_ss, long long do_sh, long long dk_sb,
-                         long long dk_ss, long long dk_sh, long long dv_sb, long long dv_ss, long long dv_sh,
-                         int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k, int head_dim, int head_dim_v,
-                         int num_n_tiles, float scale, float scale_log2, int causal_offset,
-                         const __grid_constant__ BwdTmaMaps maps) {
-    // (q, k, v, dout and their strides: the backward's common launch; the TMA reads them
-    // through maps)
-    using L = BwdDkdvWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
+// The float32 dQ accumulator the fused pass adds into: (B, Sq, Hq, D) element strides.
+struct DqAccumulator {
+    float* p;
+    long long sb, ss, sh;
+};
+
+// dS^T's packed A operands (bf16 / f16 pairs; rows row and row + 8 of the warp, 16 queries a
+// k-step) into a swizzled [keys][64 queries] tile: dQ = dS K reads it MN-major.
+template <int KK>
+__device__ __forceinline__ void store_ds_tile(unsigned char* tile, int row, const unsigned (&a)[KK][4], int t) {
+#pragma unroll
+    for (int kk = 0; kk < KK; ++kk)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const int r = row + (w % 2) * 8, unit = 2 * kk + w / 2;  // (a_from_acc's word order)
+            *reinterpret_cast<unsigned*>(tile + r * 128 + ((unit ^ (r % 8)) * 16) + t * 4) = a[kk][w];
+        }
+}
+
+// The dK/dV pass, and with FUSED dQ added into a float32 accumulator (the kernels below).
+template <class L, typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool FUSED>
+__device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ lse, const float* __restrict__ delta,
+                                                    T* __restrict__ dk, T* __restrict__ dv, long long dk_sb,
+                                                    long long dk_ss, long long dk_sh, long long dv_sb, long long dv_ss,
+                                                    long long dv_sh, int n_heads_q, int n_heads_kv, int seqlen_q,
+                                                    int seqlen_k, int head_dim, int head_dim_v, int num_n_tiles,
+                                                    float scale, float scale_log2, int causal_offset,
+                                                    const BwdTmaMaps& maps, DqAccumulator dq_accum) {
     constexpr int D_CHUNKS = L::D_CHUNKS, STAGES = L::STAGES;
     constexpr int CONSUMERS = NUM_WARPS * 32;
-    constexpr int KEY_WGS = BLOCK_N / 64;                 // warpgroups with distinct keys
-    constexpr int D_SPLIT = NUM_WARPS / 4 / KEY_WGS;      // warpgroups sharing 64 keys
-    constexpr int PART_CHUNKS = D_CHUNKS / D_SPLIT;       // chunks of dK, dV a warpgroup keeps
+    constexpr int KEY_WGS = BLOCK_N / 64;  // warpgroups with distinct keys
+    constexpr int D_SPLIT = NUM_WARPS / 4 / KEY_WGS;  // warpgroups sharing 64 keys
+    constexpr int PART_CHUNKS = D_CHUNKS / D_SPLIT;  // chunks of dK, dV a warpgroup keeps
     constexpr int D_PART = 64 * PART_CHUNKS;
-    constexpr int M_BLOCKS = BLOCK_M / 8;                 // 8-query column blocks of S^T
+    constexpr int M_BLOCKS = BLOCK_M / 8;  // 8-query column blocks of S^T
     constexpr int K_STEPS = D_PAD / 16;
     static_assert(same_type<T, __half> || same_type<T, __nv_bfloat16>, "16-bit inputs");
     static_assert(BLOCK_N % 64 == 0 && NUM_WARPS % 4 == 0 && (NUM_WARPS / 4) % KEY_WGS == 0, "64 keys a warpgroup");
     static_assert(D_SPLIT * PART_CHUNKS == D_CHUNKS, "warpgroups sharing keys split whole chunks");
     static_assert(D_PAD % 16 == 0 && BLOCK_M % 16 == 0, "tile shape");
+    static_assert(!FUSED || (BLOCK_M == 64 && KEY_WGS == 2 && D_SPLIT == 1 && D_CHUNKS <= 2),
+                  "fused: a 64-query dS^T tile of two warpgroups' keys, at most one dQ chunk each");
     using WgS = WgmmaHalf<T, BLOCK_M>;
     using WgD = WgmmaHalf<T, D_PART>;
+    using WgQ = WgmmaHalf<T, 64>;
 
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + L::barriers);
     unsigned long long* kv_full = bars;
-    unsigned long long* full = bars + 1;             // [STAGES]: Q, dO landed, lse and delta written
-    unsigned long long* empty = bars + 1 + STAGES;   // [STAGES]: every consumer warp done with it
+    unsigned long long* full = bars + 1;  // [STAGES]: Q, dO landed, lse and delta written
+    unsigned long long* empty = bars + 1 + STAGES;  // [STAGES]: every consumer warp done with it
     float* lse_tiles = reinterpret_cast<float*>(smem + L::lse_tiles);
     float* delta_tiles = reinterpret_cast<float*>(smem + L::delta_tiles);
     if (wg_smem_addr(smem) % 1024 != 0) __trap();  // the swizzle would disagree with the descriptors
@@ -235,6 +287,16 @@ attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const
     unsigned pa[M_BLOCKS / 2][4], dsa[M_BLOCKS / 2][4];
     int pending = -1;
     mbarrier_wait(kv_full, 0);
+    if constexpr (FUSED) {
+        // Keys no query sees (causal) may hold NaN or inf: dQ = dS K would multiply their zero
+        // dS by them, so their K rows are zeroed (rows past seqlen_k are zeros from the TMA).
+        const int unseen = seqlen_q + causal_offset;  // the first key no query sees
+        if (CAUSAL && unseen < n0 + BLOCK_N && unseen < seqlen_k) {
+            zero_rows_from<D_CHUNKS, BLOCK_N, CONSUMERS>(smem + L::k_tile, max(unseen - n0, 0));
+            fence_proxy_async();
+            named_barrier_sync(5, CONSUMERS);
+        }
+    }
     for (int item = 0; item < n_items; ++item) {
         const int stage = item % STAGES;
         const int m0 = m_begin + item % m_tiles * BLOCK_M;
@@ -244,7 +306,8 @@ attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const
         const float* delta_s = delta_tiles + stage * BLOCK_M;
         // Causal: no row of this tile sees the warpgroup's first key (it still waits for the
         // stage before it releases it, so that its arrival counts toward this round's phase).
-        const bool skip = wg_key0 >= seqlen_k || (CAUSAL && wg_key0 > m0 + BLOCK_M - 1 + causal_offset);
+        // Fused, both warpgroups' dS^T (zeros there) make the dQ tile.
+        const bool skip = !FUSED && (wg_key0 >= seqlen_k || (CAUSAL && wg_key0 > m0 + BLOCK_M - 1 + causal_offset));
         mbarrier_wait(&full[stage], (item / STAGES) & 1);
         if (!skip) {
             float s[M_BLOCKS][4], dp[M_BLOCKS][4];
@@ -254,8 +317,8 @@ attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const
             wgmma_kmajor<WgS, K_STEPS>(dp, v_addr, BLOCK_N, do_addr, BLOCK_M);
             wgmma_commit();
 
-            const bool needs_mask = m0 + BLOCK_M > seqlen_q || warp_key0 + 16 > seqlen_k ||
-                                    (CAUSAL && warp_key0 + 15 > m0 + causal_offset);
+            const bool needs_mask =
+                m0 + BLOCK_M > seqlen_q || warp_key0 + 16 > seqlen_k || (CAUSAL && warp_key0 + 15 > m0 + causal_offset);
             // P^T while dP^T runs (the last item's dV and dK have completed before S^T).
             wgmma_wait<1>();
             fence_operand(s);
@@ -274,8 +337,8 @@ attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const
                 for (int e = 0; e < 4; ++e) {
                     const int key = warp_key0 + g + (e / 2) * 8;
                     const int row = m0 + j * 8 + 2 * t + e % 2;
-                    const bool visible = !needs_mask | ((row < seqlen_q) & (key < seqlen_k) &
-                                                        (!CAUSAL | (key <= row + causal_offset)));
+                    const bool visible =
+                        !needs_mask | ((row < seqlen_q) & (key < seqlen_k) & (!CAUSAL | (key <= row + causal_offset)));
                     const float p = exp2f(s[j][e] * scale_log2 - (e % 2 ? l2.y : l2.x));
                     s[j][e] = visible ? p : 0.0f;
                 }
@@ -300,11 +363,51 @@ attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const
             }
             pack_a_operands<T>(dsa, dp);
             const unsigned q_part = q_addr + d_part * PART_CHUNKS * BLOCK_M * 128;
-            wgmma_fence();
+            auto issue_dk = [&] {  // dK += dS^T Q
+                wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < M_BLOCKS / 2; ++kk)
-                WgD::template rs<true>(dk_acc, dsa[kk], desc_sw128(q_part, BLOCK_M * 128, kk * 2048));
-            wgmma_commit();
+                for (int kk = 0; kk < M_BLOCKS / 2; ++kk)
+                    WgD::template rs<true>(dk_acc, dsa[kk], desc_sw128(q_part, BLOCK_M * 128, kk * 2048));
+                wgmma_commit();
+            };
+            if constexpr (FUSED) {
+                // dS^T into this item's tile; once both warpgroups' halves are there, one
+                // 64-column chunk of dQ = dS K a warpgroup (D_CHUNKS 1: every other item),
+                // added to dq_accum while dK's products run. (Each branch issues and waits
+                // whole: ptxas serializes wgmmas across one.)
+                unsigned char* ds_tile = smem + L::ds_tiles + item % 2 * L::DS_BYTES;
+                store_ds_tile(ds_tile, key_wg * 64 + (warp % 4) * 16 + g, dsa, t);
+                fence_proxy_async();
+                const int dq_chunk = (wg + item) % 2;
+                if (dq_chunk < D_CHUNKS) {
+                    named_barrier_sync(DS_READY + item % 2, CONSUMERS);
+                    const unsigned ds_addr = wg_smem_addr(ds_tile);
+                    const unsigned kc_addr = wg_smem_addr(smem + L::k_tile) + dq_chunk * BLOCK_N * 128;
+                    float dq_acc[8][4];
+                    wgmma_fence();
+#pragma unroll
+                    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+                        const auto a = desc_sw128(ds_addr, BLOCK_N * 128, kk * 2048);
+                        const auto b = desc_sw128(kc_addr, BLOCK_N * 128, kk * 2048);
+                        if (kk == 0)
+                            WgQ::template ss<false, true>(dq_acc, a, b);
+                        else
+                            WgQ::template ss<true, true>(dq_acc, a, b);
+                    }
+                    wgmma_commit();
+                    issue_dk();
+                    wgmma_wait<1>();
+                    fence_operand(dq_acc);
+                    const int hq = h_kv * kb.group + item / m_tiles;
+                    add_dq_rows(dq_accum.p + kb.b * dq_accum.sb + hq * dq_accum.sh, dq_accum.ss, dq_acc,
+                                m0 + (warp % 4) * 16, seqlen_q, dq_chunk * 64, head_dim, lane);
+                } else {
+                    named_barrier_arrive(DS_READY + item % 2, CONSUMERS);
+                    issue_dk();
+                }
+            } else {
+                issue_dk();
+            }
             if (DEFER) {
                 pending = stage;
                 continue;
@@ -337,6 +440,63 @@ attn_bwd_dkdv_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const
                        seqlen_k - warp_key0, d0, head_dim, lane);
     store_half_rows<T>(dv + kb.b * dv_sb + h_kv * dv_sh + (long long)warp_key0 * dv_ss, dv_ss, dv_acc, 1.0f,
                        seqlen_k - warp_key0, d0, head_dim_v, lane);
+}
+
+// (q, k, v, dout and their strides: the backward's common launch; the TMA reads them through
+// maps)
+#define CUPYATTN_BWD_DKDV_WGMMA_HALF_PARAMS                                                                            \
+    const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const T *__restrict__ dout,             \
+        const float *__restrict__ lse, const float *__restrict__ delta, T *__restrict__ dk, T *__restrict__ dv,        \
+        long long q_sb, long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh,                \
+        long long v_sb, long long v_ss, long long v_sh, long long do_sb, long long do_ss, long long do_sh,             \
+        long long dk_sb, long long dk_ss, long long dk_sh, long long dv_sb, long long dv_ss, long long dv_sh,          \
+        int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k, int head_dim, int head_dim_v, int num_n_tiles,      \
+        float scale, float scale_log2, int causal_offset, const __grid_constant__ BwdTmaMaps maps
+#define CUPYATTN_BWD_DKDV_WGMMA_HALF_ARGS                                                                              \
+    lse, delta, dk, dv, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh, n_heads_q, n_heads_kv, seqlen_q, seqlen_k, head_dim, \
+        head_dim_v, num_n_tiles, scale, scale_log2, causal_offset, maps
+
+template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+__global__ void
+__launch_bounds__(NUM_WARPS * 32 + 128, 1)
+    attn_bwd_dkdv_wgmma_half(CUPYATTN_BWD_DKDV_WGMMA_HALF_PARAMS) {
+    using L = BwdDkdvWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
+    bwd_dkdv_wgmma_half<L, T, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, false>(CUPYATTN_BWD_DKDV_WGMMA_HALF_ARGS,
+                                                                                 DqAccumulator{});
+}
+
+// dK, dV and dQ in one pass (deterministic=False): dQ's products added to dq_accum, a float32
+// (B, Sq, Hq, D) array of zeros, in whatever order blocks finish; attn_bwd_dq_convert then
+// scales and rounds it into dq.
+template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+__global__ void __launch_bounds__(NUM_WARPS * 32 + 128, 1)
+    attn_bwd_fused_wgmma_half(CUPYATTN_BWD_DKDV_WGMMA_HALF_PARAMS, float* __restrict__ dq_accum, long long dqa_sb,
+                              long long dqa_ss, long long dqa_sh) {
+    using L = BwdFusedWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
+    bwd_dkdv_wgmma_half<L, T, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, true>(
+        CUPYATTN_BWD_DKDV_WGMMA_HALF_ARGS, DqAccumulator{dq_accum, dqa_sb, dqa_ss, dqa_sh});
+}
+
+#undef CUPYATTN_BWD_DKDV_WGMMA_HALF_PARAMS
+#undef CUPYATTN_BWD_DKDV_WGMMA_HALF_ARGS
+
+// dq = scale * dq_accum rounded to T: dq_accum the fused pass's contiguous float32 (B, Sq,
+// Hq, D) array, dq (b, s, h) strided with its last dimension contiguous; four columns a
+// thread (head_dim % 8 == 0).
+template <typename T, int NUM_WARPS>
+__global__ void __launch_bounds__(NUM_WARPS * 32)
+    attn_bwd_dq_convert(const float* __restrict__ dq_accum, T* __restrict__ dq, long long dq_sb, long long dq_ss,
+                        long long dq_sh, int n_heads_q, int seqlen_q, int head_dim, float scale, long long quads) {
+    const long long i = (long long)blockIdx.x * (NUM_WARPS * 32) + threadIdx.x;
+    if (i >= quads) return;
+    const long long e = i * 4, row = e / head_dim;  // row: (b, s, h)
+    const int d = (int)(e - row * head_dim), h = (int)(row % n_heads_q);
+    const long long bs = row / n_heads_q, b = bs / seqlen_q;
+    const int s = (int)(bs - b * seqlen_q);
+    const float4 x = *reinterpret_cast<const float4*>(dq_accum + e);
+    unsigned* dst = reinterpret_cast<unsigned*>(dq + b * dq_sb + s * dq_ss + h * dq_sh + d);
+    dst[0] = HalfOps<T>::pack(x.x * scale, x.y * scale);
+    dst[1] = HalfOps<T>::pack(x.z * scale, x.w * scale);
 }
 
 template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>

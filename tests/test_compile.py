@@ -17,10 +17,12 @@ from cupyattn.plan import (
     AttentionProblem,
     BwdDkdvWgmmaHalfConfig,
     BwdDqWgmmaHalfConfig,
+    BwdFusedWgmmaHalfConfig,
     FwdSimtConfig,
     FwdWgmmaConfig,
     FwdWgmmaHalfConfig,
     MmaConfig,
+    Policy,
     WgmmaConfig,
     check_expression,
     plan_backward,
@@ -650,6 +652,47 @@ def test_wgmma_half_forward_with_and_without_ping_pong_keeps_its_wgmmas_asynchro
 
 
 WGMMA_HALF_BACKWARD_PLANNED = _planned(BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig)  # its two backward passes
+
+
+def _fused_half_planned() -> list:
+    """The fused float16 / bfloat16 backward passes planned on an H100 (deterministic=False)
+    at every head dim the tensor cores take, with the policy asking for them everywhere."""
+    everywhere = Policy(fused_where={(p, d) for p in ("fp16", "bf16") for d in range(16, 257, 16)})
+    configs = {}
+    for d in range(8, 257, 8):
+        for dtype in ("float16", "bfloat16"):
+            for causal in (False, True):
+                problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096, deterministic=False)
+                bwd = plan_backward(problem, named_device("h100"), everywhere)
+                if bwd.dq is None:
+                    configs[bwd.dkdv.config.name_expression] = bwd.dkdv.config
+    return sorted(configs.values(), key=lambda c: c.name_expression)
+
+
+FUSED_HALF_PLANNED = _fused_half_planned()
+
+
+def test_fused_half_backward_is_planned_up_to_head_dim_128():
+    assert all(isinstance(c, BwdFusedWgmmaHalfConfig) for c in FUSED_HALF_PLANNED)
+    assert {c.head_dim_pad for c in FUSED_HALF_PLANNED} == set(range(16, 129, 16))
+    assert len(FUSED_HALF_PLANNED) == 8 * 2 * 2
+
+
+@pytest.mark.parametrize("config", FUSED_HALF_PLANNED, ids=[c.name_expression for c in FUSED_HALF_PLANNED])
+def test_planned_fused_half_backward_compiles_without_spills(config):
+    """No spills, no serialized wgmmas (each dQ branch issues and waits whole), and in SASS:
+    dQ's SS wgmmas (64 wide over the 128 keys), vector float32 reductions to global memory."""
+    report = cc.compile_only(config, "sm_90")
+    assert report.spills == 0 and report.stack_bytes == 0, (config.name_expression, report.registers, report.spills)
+    assert "C7514" not in report.log and "C7517" not in report.log, report.log
+    try:
+        text = cc.sass(report)
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    _check_wgmma_half_backward_sass(config, text)
+    kind = ".BF16" if config.dtype == "bfloat16" else ""
+    assert text.count(f"HGMMA.64x64x16.F32{kind} ") >= config.block_n // 16
+    assert "REDG.E.ADD.F32x2" in text
 
 
 def test_wgmma_half_backward_is_planned_where_its_accumulators_fit():

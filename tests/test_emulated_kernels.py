@@ -386,26 +386,34 @@ def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk,
         ("bfloat16", 64, (64, 128, 8), (128, 64, 8), True, 200, 200),
         ("bfloat16", 72, (64, 128, 8), (128, 64, 8), "top_left", 70, 200),
         ("float16", 256, (64, 64, 8), (64, 64, 4), True, 65, 80),
+        # fused (dq_tile None): dQ chunks taking turns (64), one each (128, and 80 padded to 128)
+        ("bfloat16", 64, (64, 128, 8), None, True, 200, 200),
+        ("float16", 128, (64, 128, 8), None, "top_left", 70, 200),
+        ("bfloat16", 72, (64, 128, 8), None, False, 130, 70),
     ],
 )
 def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_tile, causal, Sq, Sk):
     """The float16 / bfloat16 wgmma backward passes (producer warpgroup: TMA tiles, and lse /
     delta rows from its second warp; SS and RS wgmma; d_split 2 at D=256), every block, on
     GQA 2:1 with partial query and key tiles, Sq != Sk, causal both ways (top-left: keys no
-    row sees hold NaN, those in a dQ block's last tile zeroed): no deadlock, no race, no
-    shared word read before it is written, FlashAttention's tolerance against the float64
-    reference."""
+    row sees hold NaN, those in a dQ block's last tile zeroed; fused, zeroed in K): no
+    deadlock, no race, no shared word read before it is written, FlashAttention's tolerance
+    against the float64 reference. dq_tile None: the fused pass (deterministic=False; dS^T
+    through shared memory, dQ added to a float32 accumulator) and attn_bwd_dq_convert."""
     from cupyattn import testing
-    from cupyattn.plan import BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig
+    from cupyattn.plan import BwdDkdvWgmmaHalfConfig, BwdDqConvertConfig, BwdDqWgmmaHalfConfig, BwdFusedWgmmaHalfConfig
     from cupyattn.reference import attention_backward_reference, attention_reference, causal_offset
 
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
     precision = "bf16" if dtype == "bfloat16" else "fp16"
     d_pad = (D + 15) // 16 * 16
-    dkdv = BwdDkdvWgmmaHalfConfig(dtype, precision, d_pad, *dkdv_tile, bool(causal))
-    dq_cfg = BwdDqWgmmaHalfConfig(dtype, precision, d_pad, *dq_tile, bool(causal))
-    assert dkdv.valid and dq_cfg.valid
+    fused = dq_tile is None
+    dkdv = (BwdFusedWgmmaHalfConfig if fused else BwdDkdvWgmmaHalfConfig)(
+        dtype, precision, d_pad, *dkdv_tile, bool(causal)
+    )
+    dq_cfg = None if fused else BwdDqWgmmaHalfConfig(dtype, precision, d_pad, *dq_tile, bool(causal))
+    assert dkdv.valid and (fused or dq_cfg.valid)
     B, Hq, Hkv = 1, 2, 1
     rng = np.random.default_rng(D + Sk + bool(causal))
     hq, hdo = (testing.host_values((B, Sq, Hq, D), dtype, rng) for _ in range(2))
@@ -431,11 +439,19 @@ def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_
     dk, dv = _half_array(nan, dtype), _half_array(nan, dtype)
     n_tiles = -(-Sk // dkdv.block_n)
     args = [*inputs, dk, dv, *strides, *_strides(dk), *_strides(dv), *sizes, np.int32(n_tiles), *tail, maps(dkdv)]
-    _run(dkdv, n_tiles * B * Hkv, args, dkdv.layout.total)
     dq = _half_array(np.full((B, Sq, Hq, D), np.nan, np.float32), dtype)
-    m_tiles = -(-Sq // dq_cfg.block_m)
-    args = [*inputs, dq, *strides, *_strides(dq), *sizes, np.int32(m_tiles), *tail, maps(dq_cfg)]
-    _run(dq_cfg, m_tiles * B * Hq, args, dq_cfg.layout.total)
+    if fused:
+        accum = np.zeros((B, Sq, Hq, D), np.float32)
+        _run(dkdv, n_tiles * B * Hkv, [*args, accum, *_strides(accum)], dkdv.layout.total)
+        convert = BwdDqConvertConfig(dtype)
+        quads = accum.size // 4
+        args = [accum, dq, *_strides(dq), np.int32(Hq), np.int32(Sq), np.int32(D), scale, np.int64(quads)]
+        _run(convert, -(-quads // convert.threads), args, 0)
+    else:
+        _run(dkdv, n_tiles * B * Hkv, args, dkdv.layout.total)
+        m_tiles = -(-Sq // dq_cfg.block_m)
+        args = [*inputs, dq, *strides, *_strides(dq), *sizes, np.int32(m_tiles), *tail, maps(dq_cfg)]
+        _run(dq_cfg, m_tiles * B * Hq, args, dq_cfg.layout.total)
 
     ref = attention_backward_reference(hdo, hq, hk, hv, causal)
     ref_p = attention_backward_reference(hdo, hq, hk, hv, causal, precision=dtype)

@@ -699,7 +699,7 @@ def test_wgmma_backward_layouts_and_register_rules():
 
 
 def test_fused_backward_is_planned_only_when_the_caller_gives_up_determinism_on_sm_90():
-    from cupyattn.plan import BwdFusedWgmmaConfig
+    from cupyattn.plan import BwdFusedWgmmaConfig, BwdFusedWgmmaHalfConfig
 
     def bwd(precision, d, deterministic=False, device="h200", seqlen=4096, causal=False):
         problem = AttentionProblem(
@@ -720,10 +720,62 @@ def test_fused_backward_is_planned_only_when_the_caller_gives_up_determinism_on_
     assert bwd("tf32", 64, device="a100").dq is not None and bwd("tf32", 64, device="h100").dq is None
     assert bwd("tf32", 64, seqlen=512).dq is not None
     assert bwd("tf32", 64, seqlen=2048, causal=True).dq is None
-    # Half-precision-staged modes and float16 inputs never take it.
+    # Half-precision-staged modes never take it; float16 inputs take their own at head dim 64.
     assert bwd("bf16", 64).dq is not None
     problem = AttentionProblem("float16", 64, 64, False, 4, 16, 16, 4096, 4096, deterministic=False)
+    assert isinstance(plan_backward(problem, named_device("h200")).dkdv.config, BwdFusedWgmmaHalfConfig)
+    problem = AttentionProblem("float16", 128, 128, False, 4, 16, 16, 4096, 4096, deterministic=False)
     assert plan_backward(problem, named_device("h200")).dq is not None
+
+
+def test_fused_half_backward_is_planned_where_the_policy_has_it_with_a_convert_launch():
+    from cupyattn.plan import BwdDkdvWgmmaHalfConfig, BwdDqConvertConfig, BwdFusedWgmmaHalfConfig
+
+    h100 = named_device("h100")
+
+    def bwd(d, policy=None, dtype="bfloat16", device=h100, **kw):
+        problem = AttentionProblem(dtype, d, d, True, 4, 16, 16, 4096, 4096, deterministic=False, **kw)
+        return plan_backward(problem, device, policy)
+
+    where = Policy(fused_where={("bf16", 64), ("bf16", 80), ("bf16", 128), ("fp16", 128), ("bf16", 192)})
+    for d in (64, 72, 128):
+        plan = bwd((d + 15) // 16 * 16, where)
+        assert isinstance(plan.dkdv.config, BwdFusedWgmmaHalfConfig) and plan.dq is None
+        assert plan.dq_convert == BwdDqConvertConfig("bfloat16") and plan.delta is not None
+        text = plan.describe()
+        assert "attn_bwd_dq_convert" in text and "ds_tiles" in text
+        assert "a float32 accumulator, then scaled and rounded into dq" in plan.dkdv.reason
+    assert isinstance(bwd(128, where, dtype="float16").dkdv.config, BwdFusedWgmmaHalfConfig)
+    # Not where its dK, dV and dQ chunk outgrow a warpgroup's registers (head dims past 128),
+    # where TMA maps cannot describe the inputs, without the wgmma_half or fused family,
+    # deterministic, or off sm_90.
+    two = bwd(192, where)
+    assert two.dq is not None and two.dq_convert is None
+    assert bwd(128, where, tma=False).dq is not None
+    assert bwd(128, Policy(families={"fused", "mma", "simt"}, fused_where=where.fused_where)).dq is not None
+    only_half = Policy(families={"wgmma_half", "mma", "simt"}, fused_where=where.fused_where)
+    assert isinstance(bwd(128, only_half).dkdv.config, BwdDkdvWgmmaHalfConfig)
+    problem = AttentionProblem("bfloat16", 128, 128, True, 4, 16, 16, 4096, 4096)  # deterministic
+    assert plan_backward(problem, h100, where).dq is not None
+    assert bwd(128, where, device=named_device("a100")).dq is not None
+
+
+def test_fused_half_backward_layout_adds_two_swizzled_ds_tiles():
+    from cupyattn.plan import BwdDkdvWgmmaHalfConfig, BwdFusedWgmmaHalfConfig
+
+    for d in (64, 128):
+        fused = BwdFusedWgmmaHalfConfig("bfloat16", "bf16", d, 64, 128, 8, False)
+        base = BwdDkdvWgmmaHalfConfig("bfloat16", "bf16", d, 64, 128, 8, False)
+        names = [b.name for b in base.layout]
+        assert [b.name for b in fused.layout] == [*names, "ds_tiles"]
+        assert all(fused.layout[n].offset == base.layout[n].offset for n in names)
+        ds = fused.layout["ds_tiles"]
+        assert ds.shape == (2, 128, 64) and ds.offset % 1024 == 0 and ds.offset >= base.layout.total
+        assert fused.layout.total == ds.offset + 2 * 128 * 64 * 2
+        assert fused.accumulators_per_lane == base.accumulators_per_lane <= 224
+    assert not BwdFusedWgmmaHalfConfig("bfloat16", "bf16", 192, 64, 128, 8, False).valid  # three dQ chunks
+    assert not BwdFusedWgmmaHalfConfig("bfloat16", "bf16", 64, 128, 128, 8, False).valid  # dS^T of 64 queries
+    assert not BwdFusedWgmmaHalfConfig("bfloat16", "bf16", 64, 64, 64, 4, False).valid  # two key warpgroups
 
 
 def test_fused_backward_layout_keeps_k_transposed_and_each_warpgroups_ds():

@@ -589,3 +589,40 @@ def test_kept_words_split_into_the_parts_that_set_makes():
     zero = x == 0
     assert ((big[zero] & 0x7FFFE000) == 0).all() and (small[zero].view(np.float32) == 0).all()
     assert np.isnan(small[~finite].view(np.float32)).all() and np.isnan(plain_small[~finite].view(np.float32)).all()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("D", [40, 64, 72, 128])
+@pytest.mark.parametrize("B,Sq,Sk", [(1, 1, 200), (1, 200, 1), (2, 63, 130), (1, 300, 333), (1, 257, 1000)])
+@pytest.mark.parametrize("causal", [False, True, "top_left"])
+def test_fused_half_backward_on_every_tile_shape_edge(dtype, D, B, Sq, Sk, causal):
+    """deterministic=False in float16 / bfloat16 (attn_bwd_fused_wgmma_half: dQ through a
+    float32 accumulator, then attn_bwd_dq_convert) wherever the policy asks for it: one query
+    or one key, partial and several tiles, GQA, every causal alignment, dq poisoned before."""
+    from cupyattn.plan import BwdFusedWgmmaHalfConfig
+
+    spec = current_device()
+    if spec.compute_capability != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU")
+    precision = "bf16" if dtype == "bfloat16" else "fp16"
+    policy = Policy(fused_where={(precision, (D + 15) // 16 * 16)})
+    problem = AttentionProblem(dtype, D, D, causal, B, 4, 2, Sq, Sk, deterministic=False)
+    bwd = plan_backward(problem, spec, policy)
+    if bwd.dq is not None:
+        assert Sk < 128, "the fused tile is capped only by a short key sequence"
+        pytest.skip("fewer keys than the fused tile's 128")
+    assert isinstance(bwd.dkdv.config, BwdFusedWgmmaHalfConfig)
+    run_backward_and_check(
+        B=B,
+        Sq=Sq,
+        Sk=Sk,
+        Hq=4,
+        Hkv=2,
+        D=D,
+        Dv=D,
+        dtype=dtype,
+        causal=causal,
+        seed=D + Sq + 17,
+        deterministic=False,
+        policy=policy,
+    )

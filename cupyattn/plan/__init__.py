@@ -45,6 +45,7 @@ from .simt import (
     MAX_ACCUMULATORS_PER_LANE,
     BwdDeltaConfig,
     BwdDkdvSimtConfig,
+    BwdDqConvertConfig,
     BwdDqSimtConfig,
     FwdSimtConfig,
     SimtConfig,
@@ -70,7 +71,13 @@ from .tiles import (
     WGMMA_FORWARD_MIN_KEYS,
 )
 from .wgmma import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, BwdFusedWgmmaConfig, FwdWgmmaConfig, WgmmaConfig
-from .wgmma_half import BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig, FwdWgmmaHalfConfig, WgmmaHalfConfig
+from .wgmma_half import (
+    BwdDkdvWgmmaHalfConfig,
+    BwdDqWgmmaHalfConfig,
+    BwdFusedWgmmaHalfConfig,
+    FwdWgmmaHalfConfig,
+    WgmmaHalfConfig,
+)
 
 __all__ = [
     "AttentionProblem",
@@ -80,6 +87,8 @@ __all__ = [
     "BwdDkdvSimtConfig",
     "BwdDkdvWgmmaConfig",
     "BwdDkdvWgmmaHalfConfig",
+    "BwdDqConvertConfig",
+    "BwdFusedWgmmaHalfConfig",
     "BwdDqMmaConfig",
     "BwdDqSimtConfig",
     "BwdDqWgmmaConfig",

@@ -17,12 +17,13 @@ from .simt import (
     MAX_ACCUMULATORS_PER_LANE,
     BwdDeltaConfig,
     BwdDkdvSimtConfig,
+    BwdDqConvertConfig,
     BwdDqSimtConfig,
     FwdSimtConfig,
     SimtConfig,
 )
 from .wgmma import BwdDkdvWgmmaConfig, BwdDqWgmmaConfig, BwdFusedWgmmaConfig, FwdWgmmaConfig
-from .wgmma_half import BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig, FwdWgmmaHalfConfig
+from .wgmma_half import BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig, BwdFusedWgmmaHalfConfig, FwdWgmmaHalfConfig
 
 
 def check_expression(config) -> str | None:
@@ -101,13 +102,16 @@ class Plan:
 @dataclasses.dataclass(frozen=True)
 class BackwardPlan:
     """The backward's launches, each planned on its own (never the forward's tiles): delta,
-    dK/dV, dQ; or delta and one fused pass (``dq`` None: BwdFusedWgmmaConfig adds dQ).
-    ``delta`` None: the dK/dV pass's staging launch (stage_queries_tf32) computes delta
-    as it reads dO, and no launch of its own reads dO again."""
+    dK/dV, dQ; or delta and one fused pass (``dq`` None: BwdFusedWgmmaConfig adds dQ to
+    float32 dq; BwdFusedWgmmaHalfConfig to a float32 accumulator that ``dq_convert`` then
+    scales and rounds into dq). ``delta`` None: the dK/dV pass's staging launch
+    (stage_queries_tf32) computes delta as it reads dO, and no launch of its own reads dO
+    again."""
 
     delta: BwdDeltaConfig | None
     dkdv: Plan
     dq: Plan | None
+    dq_convert: BwdDqConvertConfig | None = None
 
     @property
     def plans(self) -> tuple[Plan, ...]:
@@ -364,10 +368,15 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec, policy: Policy 
         (problem.seqlen_q, problem.seqlen_k) if not problem.causal else (problem.seqlen_q // 2, problem.seqlen_k // 2)
     )
     dkdv_blocks = lambda cfg: problem.batch * problem.heads_kv * -(-max(1, problem.seqlen_k) // cfg.block_n)
-    if not problem.deterministic and policy.allows("fused") and seen_q >= policy.wgmma_backward_min_rows_at(d_pad):
+    half = problem.dtype in ("float16", "bfloat16")
+    # (the float16 / bfloat16 wgmma passes go first at every length, the float32 ones from a
+    # length on: _backward_families)
+    long_enough = half or seen_q >= policy.wgmma_backward_min_rows_at(d_pad)
+    if not problem.deterministic and policy.allows("fused") and long_enough:
         fused = _plan_fused(problem, device, max_m, max_n, dkdv_blocks, policy)
         if fused is not None:
-            return BackwardPlan(delta=_delta_launch(problem, fused), dkdv=fused, dq=None)
+            convert = BwdDqConvertConfig(problem.dtype) if half else None
+            return BackwardPlan(delta=_delta_launch(problem, fused), dkdv=fused, dq=None, dq_convert=convert)
     dkdv = _plan_pass(
         "backward dK/dV",
         lambda precision: _backward_families("dkdv", precision, d_pad, seen_q, policy, problem.tma),
@@ -398,13 +407,20 @@ def _plan_fused(
     problem: AttentionProblem, device: DeviceSpec, max_m: int, max_n: int, num_blocks, policy: Policy
 ) -> Plan | None:
     """The fused dK/dV/dQ pass in the first allowed precision mode, if a tile of it fits
-    the device (none off sm_90 or outside the TF32 modes), else None."""
+    the device (none off sm_90, nor for float16 / bfloat16 inputs TMA maps cannot describe
+    or that the policy keeps off the wgmma_half family), else None."""
     where = (problem.precision[0], mma_head_dim_pad(problem.head_dim))
     if where not in policy.fused_where:
         return None
+    if problem.dtype == "float32":
+        cls, key = BwdFusedWgmmaConfig, "bwd_fused_wgmma"
+    elif problem.tma and policy.allows("wgmma_half"):
+        cls, key = BwdFusedWgmmaHalfConfig, "bwd_fused_wgmma_half"
+    else:
+        return None
     found, skipped = _mma_candidates(
-        BwdFusedWgmmaConfig,
-        policy.candidates("bwd_fused_wgmma")[0],
+        cls,
+        policy.candidates(key)[0],
         problem,
         device,
         max_m,
@@ -419,8 +435,9 @@ def _plan_fused(
         if where in T.BWD_FUSED_WHERE_FASTER
         else "as the planner policy's fused_where asks"
     )
+    target = "a float32 accumulator, then scaled and rounded into dq" if problem.dtype != "float32" else "dq"
     why = (
-        f"{plan.reason}; one pass for dK, dV and dQ (deterministic=False; dQ added to dq with float32 "
+        f"{plan.reason}; one pass for dK, dV and dQ (deterministic=False; dQ added to {target} with float32 "
         f"atomics, not bitwise reproducible), {why}"
     )
     return dataclasses.replace(plan, reason=why)
@@ -447,7 +464,7 @@ def planned_configs(
                         problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, s, s, precision=precision)
                         bwd = plan_backward(problem, device, policy)
                         fwd = plan_forward(problem, device, policy)
-                        for cfg in (fwd.config, bwd.delta, *(p.config for p in bwd.plans)):
+                        for cfg in (fwd.config, bwd.delta, bwd.dq_convert, *(p.config for p in bwd.plans)):
                             if cfg is not None:
                                 configs[cfg.name_expression] = cfg
     return configs

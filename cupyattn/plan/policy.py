@@ -13,8 +13,9 @@ from .problem import PRECISIONS
 
 # "simt": CUDA-core kernels (the delta launch is always allowed); "mma": mma.sync
 # tensor-core kernels; "wgmma": Hopper warpgroup kernels; "fused": the fused dK/dV/dQ
-# wgmma backward (deterministic=False only); "wgmma_half": the float16 / bfloat16 wgmma
-# forward and backward passes with TMA-loaded tiles (sm_90).
+# wgmma backward passes, float32's and float16 / bfloat16's (deterministic=False only);
+# "wgmma_half": the float16 / bfloat16 wgmma forward and backward passes with TMA-loaded
+# tiles (sm_90).
 FAMILIES = ("simt", "mma", "wgmma", "fused", "wgmma_half")
 
 # Each family's candidate tiles by the key a policy overrides them with.
@@ -32,6 +33,7 @@ TILE_KEYS = {
     "fwd_wgmma_half": T.FWD_WGMMA_HALF_TILES,
     "bwd_dkdv_wgmma_half": T.BWD_DKDV_WGMMA_HALF_TILES,
     "bwd_dq_wgmma_half": T.BWD_DQ_WGMMA_HALF_TILES,
+    "bwd_fused_wgmma_half": T.BWD_FUSED_WGMMA_HALF_TILES,
 }
 
 _THRESHOLDS = ("wgmma_forward_min_keys", "wgmma_backward_min_rows", "wgmma_backward_min_rows_from_128")

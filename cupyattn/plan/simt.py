@@ -143,6 +143,30 @@ class BwdDqSimtConfig(SimtConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class BwdDqConvertConfig:
+    """``attn_bwd_dq_convert``: dq = scale * the fused pass's float32 dQ accumulator,
+    rounded to dq's dtype (float16 / bfloat16), four columns a thread, no shared memory."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dq_convert"
+    HEADER: ClassVar[str] = "attn_bwd_wgmma_half.cuh"
+
+    dtype: str
+    num_warps: int = 8
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32
+
+    @property
+    def name_expression(self) -> str:
+        return f"{self.KERNEL}<{CXX_TYPES[self.dtype]}, {self.num_warps}>"
+
+    @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
+    def layout(self) -> Layout:
+        return Layout(())
+
+
+@dataclasses.dataclass(frozen=True)
 class BwdDeltaConfig:
     """``attn_bwd_delta``: delta = rowsum(dO * O), a warp per ``rows_per_warp`` rows (their
     loads in flight together), no shared memory."""

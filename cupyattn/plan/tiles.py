@@ -186,9 +186,9 @@ BWD_FUSED_WGMMA_TILES = (
     (64, 64, 4),
     (32, 64, 4),
 )
-# (precision, padded head dim) where the fused pass measured faster than two passes: elsewhere
-# only 4-warp tiles fit beside K^T, or none.
-BWD_FUSED_WHERE_FASTER = frozenset({("tf32", 64)})
+# (precision, padded head dim) where the fused pass measured faster than two passes: float32
+# elsewhere only 4-warp tiles fit beside K^T, or none; float16 / bfloat16 at 128 it ties.
+BWD_FUSED_WHERE_FASTER = frozenset({("tf32", 64), ("bf16", 64), ("fp16", 64)})
 
 # ---- sm_90: wgmma on float16 / bfloat16 (TMA-loaded tiles; attn_fwd_wgmma_half) ----
 
@@ -225,6 +225,9 @@ BWD_DQ_WGMMA_HALF_TILES = (
     (128, 64, 8),  # Q, dO and two stages of K and V: 128 KiB at head dim 128
     (64, 64, 4),  # head dims from 193: 192 KiB at 256
 )
+# Fused dK/dV/dQ (deterministic=False): 64-query dS^T tiles of two warpgroups' 64 keys, whose
+# dQ chunks of 64 columns one each (head dims up to 128: dK, dV and a dQ chunk in registers).
+BWD_FUSED_WGMMA_HALF_TILES = ((64, 128, 8),)
 
 # The wgmma forward pays from this many keys a query block sees (half the sequence when
 # causal): below it its staging launch does not pay back over so few key tiles.

@@ -185,6 +185,9 @@ class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
+        return self._builder().build()
+
+    def _builder(self) -> LayoutBuilder:
         m, n, s = self.block_m, self.block_n, self.STAGES
         b = self._swizzled(LayoutBuilder(), "k_tile", n)
         b = self._swizzled(b, "v_tile", n)
@@ -199,7 +202,6 @@ class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
                 "uint64",
                 "mbarriers: K and V landed; per stage Q, dO landed and lse, delta written; the stage free again",
             )
-            .build()
         )
 
     @property
@@ -220,6 +222,49 @@ class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
     @property
     def accumulators_per_lane(self) -> int:  # dK, dV (their columns), S^T, dP^T; P^T and dS^T packed
         return 64 * self.d_chunks // self.d_split + self.block_m + self.block_m // 2
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdFusedWgmmaHalfConfig(BwdDkdvWgmmaHalfConfig):
+    """``attn_bwd_fused_wgmma_half``: the dK/dV pass that also adds dQ (deterministic=False).
+    Each query tile's dS^T (two warpgroups of 64 keys, 64 queries) goes into one of two
+    swizzled tiles in shared memory; from it each warpgroup computes a 64-column chunk of
+    dQ = dS K (wgmma, both operands MN-major; at head dims up to 64 the warpgroups take
+    turns) and adds it to a float32 (B, Sq, Hq, D) accumulator (red.global.add.v2.f32);
+    ``attn_bwd_dq_convert`` scales and rounds it into dq."""
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_bwd_fused_wgmma_half"
+    LAYOUT: ClassVar[str] = "cupyattn::BwdFusedWgmmaHalfLayout"
+
+    @property
+    def valid(self) -> bool:
+        two_key_warpgroups = self.block_n == 128 and self.num_warps == 8
+        return super().valid and self.block_m == 64 and two_key_warpgroups and self.d_chunks <= 2
+
+    def _builder(self) -> LayoutBuilder:
+        return (
+            super()
+            ._builder()
+            .add(
+                "ds_tiles",
+                (2, self.block_n, self.block_m),
+                self.dtype,
+                "dS^T (keys x queries, 128-byte swizzled) of two query tiles: one written while the last one's "
+                "dQ may still read the other",
+                align=SWIZZLE_ALIGN,
+            )
+        )
+
+    @property
+    def work_split(self) -> str | None:
+        return (
+            f"{super().work_split}; each query tile's dS^T into a shared tile, from which each warpgroup "
+            "computes a 64-column chunk of dQ = dS K (wgmma, shared memory) and adds it to a float32 "
+            "accumulator with atomics"
+        )
+
+    # accumulators_per_lane as the dK/dV pass's: dQ's chunk (32) lives once S^T and dP^T have
+    # become the packed P^T and dS^T.
 
 
 @dataclasses.dataclass(frozen=True)
