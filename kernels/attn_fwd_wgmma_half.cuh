@@ -197,6 +197,17 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
     // so that this tile's softmax runs while the tensor cores do the previous tile's P V.
     float s[N_BLOCKS][4];
     unsigned p[BLOCK_N / 16][4];  // the previous tile's P, the A operand of its P V
+    // O += P V of this warpgroup's last tile, alone on its turn, waited for.
+    auto last_pv = [&](int tile) {
+        wgmma_fence();
+        issue_pv(p, tile);
+        wgmma_commit();
+        Turn::pass(wg);
+        wgmma_wait<0>();
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) fence_operand(p[kk]);
+        fence_operand(o_acc);
+    };
     Turn::start(wg);
     mbarrier_wait(st.q_full(), 0);
     if (n_tiles > 0) {
@@ -246,14 +257,7 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
                 for (int e = 0; e < 4; ++e) o_acc[j][e] *= alpha[e / 2];
             pack_a_operands<T>(p, s);
         } else if (tile == n_mine) {  // the previous tile was this warpgroup's last
-            wgmma_fence();
-            issue_pv(p, tile - 1);
-            wgmma_commit();
-            Turn::pass(wg);
-            wgmma_wait<0>();
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk) fence_operand(p[kk]);
-            fence_operand(o_acc);
+            last_pv(tile - 1);
             mbarrier_arrive_warp(st.k_empty(tile));
             mbarrier_arrive_warp(st.v_empty(tile - 1));
         } else {
@@ -276,14 +280,7 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
         }
         Turn::wait(wg);
         if (n_mine == n_tiles) {
-            wgmma_fence();
-            issue_pv(p, last);
-            wgmma_commit();
-            Turn::pass(wg);
-            wgmma_wait<0>();
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk) fence_operand(p[kk]);
-            fence_operand(o_acc);
+            last_pv(last);
         } else {
             Turn::pass(wg);
         }
