@@ -142,6 +142,22 @@ def test_cli_caps_and_explain_on_named_devices():
     assert res.returncode == 0, res.stderr
     assert "backward dK/dV/dQ (fused): cupyattn::attn_bwd_fused_wgmma" in res.stdout
     assert "kt_tile" in res.stdout and "ds_tiles" in res.stdout and "backward dQ:" not in res.stdout
+    # In bfloat16 at head dim 64, the half-precision fused pass and the launch that rounds dQ.
+    res = _cli(
+        "explain",
+        "--head-dim",
+        "64",
+        "--dtype",
+        "bfloat16",
+        "--backward",
+        "--nondeterministic",
+        "--device",
+        "h100",
+        "--no-compile",
+    )
+    assert res.returncode == 0, res.stderr
+    assert "backward dK/dV/dQ (fused): cupyattn::attn_bwd_fused_wgmma_half" in res.stdout
+    assert "ds_tiles" in res.stdout and "attn_bwd_dq_convert" in res.stdout and "backward dQ:" not in res.stdout
 
 
 def test_cli_without_gpu_says_so_in_one_line():

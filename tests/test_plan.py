@@ -744,7 +744,7 @@ def test_fused_half_backward_is_planned_where_the_policy_has_it_with_a_convert_l
         assert plan.dq_convert == BwdDqConvertConfig("bfloat16") and plan.delta is not None
         text = plan.describe()
         assert "attn_bwd_dq_convert" in text and "ds_tiles" in text
-        assert "a float32 accumulator, then scaled and rounded into dq" in plan.dkdv.reason
+        assert "a float32 accumulator (then scaled and rounded into dq) by float32 atomics" in plan.dkdv.reason
     assert isinstance(bwd(128, where, dtype="float16").dkdv.config, BwdFusedWgmmaHalfConfig)
     # Not where its dK, dV and dQ chunk outgrow a warpgroup's registers (head dims past 128),
     # where TMA maps cannot describe the inputs, without the wgmma_half or fused family,

@@ -435,9 +435,9 @@ def _plan_fused(
         if where in T.BWD_FUSED_WHERE_FASTER
         else "as the planner policy's fused_where asks"
     )
-    target = "a float32 accumulator, then scaled and rounded into dq" if problem.dtype != "float32" else "dq"
+    target = "dq" if problem.dtype == "float32" else "a float32 accumulator (then scaled and rounded into dq)"
     why = (
-        f"{plan.reason}; one pass for dK, dV and dQ (deterministic=False; dQ added to {target} with float32 "
+        f"{plan.reason}; one pass for dK, dV and dQ (deterministic=False; dQ added to {target} by float32 "
         f"atomics, not bitwise reproducible), {why}"
     )
     return dataclasses.replace(plan, reason=why)

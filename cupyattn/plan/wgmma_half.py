@@ -260,7 +260,7 @@ class BwdFusedWgmmaHalfConfig(BwdDkdvWgmmaHalfConfig):
         return (
             f"{super().work_split}; each query tile's dS^T into a shared tile, from which each warpgroup "
             "computes a 64-column chunk of dQ = dS K (wgmma, shared memory) and adds it to a float32 "
-            "accumulator with atomics"
+            "accumulator with atomics; a last launch (attn_bwd_dq_convert) scales and rounds that into dq"
         )
 
     # accumulators_per_lane as the dK/dV pass's: dQ's chunk (32) lives once S^T and dP^T have
