@@ -1,4 +1,5 @@
-"""cupyattn from PyTorch: ``cupyattn.torch.attention``, differentiable, on torch's stream.
+"""cupyattn from PyTorch: ``cupyattn.torch.attention``, differentiable, on torch's stream;
+``cupyattn.torch.scaled_dot_product_attention``, SDPA's call.
 
     import cupyattn.torch
     out = cupyattn.torch.attention(q, k, v, causal="top_left")  # q, k, v: CUDA tensors
@@ -8,9 +9,15 @@ q, k, v are CUDA tensors in SDPA's (B, H, S, D) layout (``layout="bhsd"``, the
 default) or (B, S, H, D) (``layout="bshd"``); float16, bfloat16 or float32; Hq a
 multiple of Hkv (GQA / MQA without repeating k and v). Nothing is copied: tensors
 reach the kernels as zero-copy CuPy views (DLPack; bfloat16 through an int16 view),
-outputs and gradients are allocated by torch's caching allocator and written in
-place, and every kernel runs on ``torch.cuda.current_stream()``. The forward saves
-q, k, v, out and the float32 log-sum-exp for the backward.
+outputs, gradients and every buffer cupyattn needs on the way (lse, delta, dQ's float32
+accumulator, staged tiles) come from torch's caching allocator, and every kernel runs on
+``torch.cuda.current_stream()``. The forward saves q, k, v, out and the float32
+log-sum-exp for the backward.
+
+The forward and the backward are torch custom operators (``torch.ops.cupyattn.attention``,
+``torch.ops.cupyattn.attention_backward``, with shape functions for tracing and an autograd
+formula), so that ``torch.compile(model, fullgraph=True)`` keeps them in its graph and a
+step may be captured into a CUDA graph once its kernels have compiled (after a first call).
 
 ``causal`` has cupyattn's meaning: True or "bottom_right" (FlashAttention's
 convention) or "top_left" (SDPA's ``is_causal``); the two agree when Sq == Sk.
@@ -21,13 +28,16 @@ torch is imported here only, never by ``import cupyattn``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 
 import torch
 
 from . import api
+from .plan.policy import Policy
+from .reference import causal_offset
 from .testing import bfloat16_dtype
 
-__all__ = ["attention"]
+__all__ = ["attention", "scaled_dot_product_attention"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -49,7 +59,7 @@ def _as_cupy(t: torch.Tensor):
 def _check(name: str, t, device=None):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__module__}.{type(t).__name__}")
-    if not t.is_cuda:
+    if not t.is_cuda and t.device.type != "meta":  # (meta: shapes only, for tracing)
         raise ValueError(f"{name}: expected a CUDA tensor, got one on {t.device}")
     if t.dtype not in _DTYPES:
         raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {t.dtype}")
@@ -75,53 +85,154 @@ def _on_torch_stream(device: torch.device):
         yield
 
 
-class _Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale, layout, precision, policy):
-        q, k, v = (_rows_contiguous(x) for x in (q, k, v))
-        out = torch.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype, device=q.device)
-        with _on_torch_stream(q.device):
-            _, lse = api.attention(
-                _as_cupy(q),
-                _as_cupy(k),
-                _as_cupy(v),
-                causal=causal,
-                scale=scale,
-                layout=layout,
-                precision=precision,
-                policy=policy,
-                out=_as_cupy(out),
-                return_lse=True,
-            )
-            lse = torch.from_dlpack(lse)  # float32, (B, Hq, Sq); CuPy owns the memory
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = (causal, scale, layout, precision, policy)
-        return out
+@contextlib.contextmanager
+def _torch_memory(device: torch.device):
+    """CuPy's allocations in this thread taken from torch's caching allocator (on torch's
+    current stream), so that a captured CUDA graph owns them as it owns torch's own."""
+    import cupy
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        causal, scale, layout, precision, policy = ctx.options
-        dout = _rows_contiguous(dout)
-        dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
-        with _on_torch_stream(q.device):
-            api.attention_backward(
-                _as_cupy(dout),
-                _as_cupy(q),
-                _as_cupy(k),
-                _as_cupy(v),
-                _as_cupy(out),
-                _as_cupy(lse),
-                causal=causal,
-                scale=scale,
-                layout=layout,
-                precision=precision,
-                policy=policy,
-                dq=_as_cupy(dq),
-                dk=_as_cupy(dk),
-                dv=_as_cupy(dv),
-            )
-        return dq, dk, dv, None, None, None, None, None
+    def allocate(nbytes: int):
+        block = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.data_ptr(), nbytes, block, device.index), 0)
+
+    with cupy.cuda.using_allocator(allocate):
+        yield
+
+
+# The operators' arguments are tensors, numbers and strings: causal, precision and policy
+# travel as strings and are read back here.
+_CAUSAL = {"none": False, "bottom_right": True, "top_left": "top_left"}
+_POLICIES: dict[str, Policy] = {}
+
+
+def _causal_name(causal) -> str:
+    causal_offset(causal, 1, 1)  # cupyattn's error for anything it does not take
+    return "none" if causal is False else "top_left" if causal == "top_left" else "bottom_right"
+
+
+def _precision_name(precision) -> str | None:
+    if precision is None or isinstance(precision, str):
+        return precision
+    modes = list(precision) if hasattr(precision, "__iter__") else None
+    if not modes or not all(isinstance(m, str) and "," not in m for m in modes):
+        raise ValueError(f"precision: expected None, a mode name or a sequence of them, got {precision!r}")
+    return ",".join(modes)
+
+
+def _precision(name: str | None):
+    return name if name is None or "," not in name else tuple(name.split(","))
+
+
+def _policy_name(policy) -> str | None:
+    if policy is None:
+        return None
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy: expected a cupyattn.plan.Policy or None, got {type(policy).__name__}")
+    name = hashlib.sha1(repr(policy).encode()).hexdigest()[:16]
+    _POLICIES.setdefault(name, policy)
+    return name
+
+
+def _lse_shape(q: torch.Tensor, layout: str) -> tuple[int, int, int]:
+    B, a, b = q.shape[:3]
+    return (B, a, b) if layout == "bhsd" else (B, b, a)  # (B, Hq, Sq)
+
+
+@torch.library.custom_op("cupyattn::attention", mutates_args=(), device_types="cuda")
+def _attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: str,
+    scale: float | None,
+    layout: str,
+    precision: str | None,
+    policy: str | None,
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """out and the float32 lse (B, Hq, Sq); ``deterministic`` is the backward's."""
+    q, k, v = (_rows_contiguous(x) for x in (q, k, v))
+    out = torch.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype, device=q.device)
+    with _on_torch_stream(q.device), _torch_memory(q.device):
+        _, lse = api.attention(
+            _as_cupy(q),
+            _as_cupy(k),
+            _as_cupy(v),
+            causal=_CAUSAL[causal],
+            scale=scale,
+            layout=layout,
+            precision=_precision(precision),
+            policy=_POLICIES.get(policy),
+            out=_as_cupy(out),
+            return_lse=True,
+        )
+        return out, torch.from_dlpack(lse)  # (torch's memory, through the allocator above)
+
+
+@_attention_op.register_fake
+def _(q, k, v, causal, scale, layout, precision, policy, deterministic):
+    out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+    return out, q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
+
+
+@torch.library.custom_op("cupyattn::attention_backward", mutates_args=(), device_types="cuda")
+def _attention_backward_op(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: str,
+    scale: float | None,
+    layout: str,
+    precision: str | None,
+    policy: str | None,
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv."""
+    dout, q, k, v = (_rows_contiguous(x) for x in (dout, q, k, v))
+    dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
+    with _on_torch_stream(q.device), _torch_memory(q.device):
+        api.attention_backward(
+            _as_cupy(dout),
+            _as_cupy(q),
+            _as_cupy(k),
+            _as_cupy(v),
+            _as_cupy(out),
+            _as_cupy(lse),
+            causal=_CAUSAL[causal],
+            scale=scale,
+            layout=layout,
+            precision=_precision(precision),
+            policy=_POLICIES.get(policy),
+            deterministic=deterministic,
+            dq=_as_cupy(dq),
+            dk=_as_cupy(dk),
+            dv=_as_cupy(dv),
+        )
+    return dq, dk, dv
+
+
+@_attention_backward_op.register_fake
+def _(dout, q, k, v, out, lse, causal, scale, layout, precision, policy, deterministic):
+    return tuple(torch.empty_like(x) for x in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *options = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.mark_non_differentiable(output[1])  # lse: the public call returns out only
+    ctx.options = options
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _attention_backward_op(dout, q, k, v, out, lse, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(
@@ -134,6 +245,7 @@ def attention(
     layout: str = "bhsd",
     precision=None,
     policy=None,
+    deterministic: bool = True,
 ) -> torch.Tensor:
     """``softmax(scale * q k^T) v`` through cupyattn's kernels, differentiable in q, k, v.
 
@@ -141,11 +253,55 @@ def attention(
     returns (B, Hq, Sq, Dv). With layout "bshd" the sequence and head axes swap.
     ``precision`` (float32 tensors: "fp32", "tf32", "bf16", "fp16" or a sequence of them;
     docs/precision.md) and ``policy`` (a ``cupyattn.plan.Policy``: the kernels the planner may
-    choose) apply to the forward and the backward alike. Errors
-    for shapes, dtypes and head dims are cupyattn's (see its README), raised before any
-    launch.
+    choose) apply to the forward and the backward alike; ``deterministic`` is the backward's
+    (``cupyattn.attention_backward``). Errors for shapes, dtypes and head dims are
+    cupyattn's (see its README), raised before any launch.
     """
     _check("q", q)
     for name, t in (("k", k), ("v", v)):
         _check(name, t, q.device)
-    return _Attention.apply(q, k, v, causal, scale, layout, precision, policy)
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError(f"layout: expected 'bhsd' or 'bshd', got {layout!r}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
+    options = (_causal_name(causal), scale, layout, _precision_name(precision), _policy_name(policy), deterministic)
+    return _attention_op(q, k, v, *options)[0]
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask=None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale=None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention``'s call and layout through
+    cupyattn: query (B, Hq, L, E) or (Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S,
+    Ev); ``is_causal`` top-left aligned as SDPA's; ``enable_gqa`` lets Hq be a multiple of
+    Hkv. A model switches by replacing the function. What cupyattn does not do raises
+    before any launch: ``attn_mask`` (no masks but causal), ``dropout_p`` other than 0."""
+    if attn_mask is not None:
+        raise NotImplementedError(
+            f"attn_mask: cupyattn takes no attention masks (only is_causal); got {type(attn_mask).__name__}"
+        )
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"dropout_p: cupyattn has no dropout; expected 0.0, got {dropout_p!r}")
+    _check("query", query)
+    for name, t in (("key", key), ("value", value)):
+        _check(name, t, query.device)
+    dims = {t.dim() for t in (query, key, value)}
+    if dims not in ({3}, {4}):
+        got = ", ".join(f"{n} {tuple(t.shape)}" for n, t in (("query", query), ("key", key), ("value", value)))
+        raise ValueError(f"query, key, value: expected all (B, H, L, E) or all (H, L, E), got {got}")
+    if query.shape[-3] != key.shape[-3] and not enable_gqa:
+        raise ValueError(
+            f"key: expected query's {query.shape[-3]} heads (or enable_gqa=True for a multiple of key's), "
+            f"got {key.shape[-3]}"
+        )
+    batched = dims == {4}
+    q, k, v = (t if batched else t.unsqueeze(0) for t in (query, key, value))
+    out = attention(q, k, v, causal="top_left" if is_causal else False, scale=scale, layout="bhsd")
+    return out if batched else out.squeeze(0)
