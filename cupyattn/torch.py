@@ -37,7 +37,7 @@ from .plan.policy import Policy
 from .reference import causal_offset
 from .testing import bfloat16_dtype
 
-__all__ = ["attention", "scaled_dot_product_attention"]
+__all__ = ["attention", "register_transformers", "scaled_dot_product_attention"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -305,3 +305,38 @@ def scaled_dot_product_attention(
     q, k, v = (t if batched else t.unsqueeze(0) for t in (query, key, value))
     out = attention(q, k, v, causal="top_left" if is_causal else False, scale=scale, layout="bhsd")
     return out if batched else out.squeeze(0)
+
+
+def transformers_attention(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs
+):
+    """An attention function for Hugging Face transformers' ``AttentionInterface`` (what
+    ``register_transformers`` registers): query (B, Hq, Sq, D), key and value (B, Hkv, Sk, D)
+    as the models pass them; returns ((B, Sq, Hq, Dv), None). Causal attention is
+    bottom-right aligned, so that queries continuing a cache see every earlier key. Padding
+    masks, sliding windows and dropout raise before any launch."""
+    if attention_mask is not None:
+        raise NotImplementedError(
+            f"attention_mask: cupyattn takes no padding masks (only causal attention over whole sequences); "
+            f"got a mask of shape {tuple(attention_mask.shape)}"
+        )
+    if kwargs.get("sliding_window") is not None:
+        raise NotImplementedError(f"sliding_window: cupyattn has no sliding window; got {kwargs['sliding_window']}")
+    if dropout:
+        raise NotImplementedError(f"dropout: cupyattn has no dropout; expected 0.0, got {dropout!r}")
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    out = attention(query, key, value, causal=bool(causal), scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_transformers(name: str = "cupyattn") -> str:
+    """Register ``transformers_attention`` with transformers under ``name`` (and its mask
+    function: FlashAttention's, which passes no mask where no token is padding), so that
+    ``attn_implementation=name`` (``from_pretrained``, a config, or
+    ``model.set_attn_implementation``) runs cupyattn. Returns ``name``."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    AttentionInterface.register(name, transformers_attention)
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return name

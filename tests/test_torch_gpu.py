@@ -294,3 +294,30 @@ def test_deterministic_false_reaches_the_backward():
     assert torch.equal(det[0], nondet[0])
     for name, a, b in zip(("dq", "dk", "dv"), det[1:], nondet[1:]):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2, msg=name)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-3), (torch.bfloat16, 5e-2)])
+def test_a_transformers_llama_gives_sdpas_logits_and_gradients(dtype, tol):
+    """A small random Llama (GQA 4/2 heads, no weights downloaded) with
+    attn_implementation="cupyattn" against the same weights with "sdpa"."""
+    pytest.importorskip("transformers")
+    from test_torch_ops import _tiny_llama
+
+    name = ca_torch.register_transformers()
+    torch.manual_seed(0)
+    ours = _tiny_llama(name, "cuda").to(dtype)
+    sdpa = _tiny_llama("sdpa", "cuda").to(dtype)
+    sdpa.load_state_dict(ours.state_dict())
+    ids = torch.randint(0, 100, (2, 96), device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    results = []
+    for model in (ours, sdpa):
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        results.append([out.logits.detach().float()] + [p.grad.float() for p in model.parameters()])
+    for i, (a, b) in enumerate(zip(*results)):
+        err = (a - b).abs().max().item() / max(b.abs().max().item(), 1e-6)
+        assert err < tol, f"tensor {i} (0: logits, then parameter gradients): relative error {err:.3g}"
+    with pytest.raises(NotImplementedError, match="attention_mask: cupyattn takes no padding masks"):
+        mask = torch.ones_like(ids)
+        mask[0, :5] = 0
+        ours(ids, attention_mask=mask)

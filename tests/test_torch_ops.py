@@ -117,3 +117,48 @@ def test_sdpa_call_takes_sdpa_layouts_and_refuses_what_it_cannot_do():
         ct.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
     with pytest.raises(ValueError, match="query, key, value: expected all \\(B, H, L, E\\) or all \\(H, L, E\\)"):
         ct.scaled_dot_product_attention(q, q[0], q)
+
+
+def _tiny_llama(attn_implementation, device):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=100,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    config._attn_implementation = attn_implementation
+    with torch.device(device):
+        return LlamaForCausalLM(config)
+
+
+def test_transformers_models_call_cupyattn_once_registered():
+    pytest.importorskip("transformers")
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from transformers import AttentionInterface
+
+    name = ct.register_transformers()
+    assert name == "cupyattn" and AttentionInterface._global_mapping[name] is ct.transformers_attention
+    model = _tiny_llama(name, "meta")
+    ids = torch.zeros(2, 33, dtype=torch.long, device="meta")
+    graph = make_fx(lambda x: model(x).logits)(ids).graph
+    calls = [n for n in graph.nodes if str(n.target) == "cupyattn.attention.default"]
+    assert len(calls) == 2 and calls[0].args[3] == "bottom_right"  # a layer each, causal
+    assert calls[0].meta["val"][0].shape == (2, 4, 33, 32)  # GQA 4/2 heads: no repeated keys
+
+
+def test_transformers_attention_refuses_masks_windows_and_dropout():
+    q, kv = _meta(1, 4, 8, 32), _meta(1, 2, 8, 32)
+    module = torch.nn.Module()
+    with pytest.raises(NotImplementedError, match="attention_mask: cupyattn takes no padding masks"):
+        ct.transformers_attention(module, q, kv, kv, _meta(1, 8, dtype=torch.bool))
+    with pytest.raises(NotImplementedError, match="sliding_window: cupyattn has no sliding window; got 4"):
+        ct.transformers_attention(module, q, kv, kv, None, sliding_window=4)
+    with pytest.raises(NotImplementedError, match="dropout: cupyattn has no dropout"):
+        ct.transformers_attention(module, q, kv, kv, None, dropout=0.1)
+    out, weights = ct.transformers_attention(module, q, kv, kv, None, scaling=0.5)
+    assert out.shape == (1, 8, 4, 32) and weights is None
