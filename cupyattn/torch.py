@@ -107,7 +107,7 @@ _POLICIES: dict[str, Policy] = {}
 
 def _causal_name(causal) -> str:
     causal_offset(causal, 1, 1)  # cupyattn's error for anything it does not take
-    return "none" if causal is False else "top_left" if causal == "top_left" else "bottom_right"
+    return "none" if causal is False or causal is None else "top_left" if causal == "top_left" else "bottom_right"
 
 
 def _precision_name(precision) -> str | None:
@@ -117,6 +117,12 @@ def _precision_name(precision) -> str | None:
     if not modes or not all(isinstance(m, str) and "," not in m for m in modes):
         raise ValueError(f"precision: expected None, a mode name or a sequence of them, got {precision!r}")
     return ",".join(modes)
+
+
+def _policy(name: str | None) -> Policy | None:
+    if name is not None and name not in _POLICIES:
+        raise ValueError(f"policy: {name!r} names no policy given to cupyattn.torch in this process")
+    return None if name is None else _POLICIES[name]
 
 
 def _precision(name: str | None):
@@ -162,7 +168,7 @@ def _attention_op(
             scale=scale,
             layout=layout,
             precision=_precision(precision),
-            policy=_POLICIES.get(policy),
+            policy=_policy(policy),
             out=_as_cupy(out),
             return_lse=True,
         )
@@ -205,7 +211,7 @@ def _attention_backward_op(
             scale=scale,
             layout=layout,
             precision=_precision(precision),
-            policy=_POLICIES.get(policy),
+            policy=_policy(policy),
             deterministic=deterministic,
             dq=_as_cupy(dq),
             dk=_as_cupy(dk),
@@ -216,7 +222,7 @@ def _attention_backward_op(
 
 @_attention_backward_op.register_fake
 def _(dout, q, k, v, out, lse, causal, scale, layout, precision, policy, deterministic):
-    return tuple(torch.empty_like(x) for x in (q, k, v))
+    return tuple(torch.empty_like(_rows_contiguous(x)) for x in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
@@ -314,14 +320,16 @@ def transformers_attention(
     ``register_transformers`` registers): query (B, Hq, Sq, D), key and value (B, Hkv, Sk, D)
     as the models pass them; returns ((B, Sq, Hq, Dv), None). Causal attention is
     bottom-right aligned, so that queries continuing a cache see every earlier key. Padding
-    masks, sliding windows and dropout raise before any launch."""
+    masks (packed sequences included: the registered mask function gives one), sliding
+    windows, soft-capping and dropout raise before any launch."""
     if attention_mask is not None:
         raise NotImplementedError(
             f"attention_mask: cupyattn takes no padding masks (only causal attention over whole sequences); "
             f"got a mask of shape {tuple(attention_mask.shape)}"
         )
-    if kwargs.get("sliding_window") is not None:
-        raise NotImplementedError(f"sliding_window: cupyattn has no sliding window; got {kwargs['sliding_window']}")
+    for name in ("sliding_window", "softcap", "cu_seq_lens_q", "cu_seq_lens_k", "s_aux"):
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"{name}: cupyattn takes none (causal attention over whole sequences only)")
     if dropout:
         raise NotImplementedError(f"dropout: cupyattn has no dropout; expected 0.0, got {dropout!r}")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -331,12 +339,13 @@ def transformers_attention(
 
 def register_transformers(name: str = "cupyattn") -> str:
     """Register ``transformers_attention`` with transformers under ``name`` (and its mask
-    function: FlashAttention's, which passes no mask where no token is padding), so that
+    function: SDPA's, which passes no mask where plain causal attention is exact, and a mask
+    for padding or packed sequences, which ``transformers_attention`` refuses), so that
     ``attn_implementation=name`` (``from_pretrained``, a config, or
     ``model.set_attn_implementation``) runs cupyattn. Returns ``name``."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(name, transformers_attention)
-    AttentionMaskInterface.register(name, flash_attention_mask)
+    AttentionMaskInterface.register(name, sdpa_mask)
     return name

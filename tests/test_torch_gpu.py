@@ -317,7 +317,10 @@ def test_a_transformers_llama_gives_sdpas_logits_and_gradients(dtype, tol):
     for i, (a, b) in enumerate(zip(*results)):
         err = (a - b).abs().max().item() / max(b.abs().max().item(), 1e-6)
         assert err < tol, f"tensor {i} (0: logits, then parameter gradients): relative error {err:.3g}"
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
     with pytest.raises(NotImplementedError, match="attention_mask: cupyattn takes no padding masks"):
-        mask = torch.ones_like(ids)
-        mask[0, :5] = 0
         ours(ids, attention_mask=mask)
+    packed = torch.cat([torch.arange(40), torch.arange(56)]).to("cuda").expand(2, 96)  # two documents a row
+    with pytest.raises(NotImplementedError, match="attention_mask: cupyattn takes no padding masks"):
+        ours(ids, position_ids=packed)

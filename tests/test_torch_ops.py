@@ -80,13 +80,23 @@ def test_options_travel_as_strings_and_come_back():
         "bottom_right",
         "top_left",
     ]
-    assert [ct._CAUSAL[ct._causal_name(c)] for c in (False, True, "top_left")] == [False, True, "top_left"]
+    assert [ct._CAUSAL[ct._causal_name(c)] for c in (False, None, True, "top_left")] == [False, False, True, "top_left"]
     for precision in (None, "tf32", ("fp32", "bf16")):
         assert ct._precision(ct._precision_name(precision)) == precision
     policy = Policy(families={"mma", "simt"})
     name = ct._policy_name(policy)
     assert ct._POLICIES[name] is policy and ct._policy_name(Policy(families={"simt", "mma"})) == name
-    assert ct._policy_name(None) is None
+    assert ct._policy_name(None) is None and ct._policy(None) is None and ct._policy(name) is policy
+    with pytest.raises(ValueError, match="policy: 'f00' names no policy given to cupyattn.torch"):
+        ct._policy("f00")
+
+
+def test_backward_shape_function_gives_the_gradients_strides():
+    # a view whose last dimension is not contiguous is copied first: its gradient is dense
+    q = _meta(2, 64, 4, 16).transpose(1, 3)  # (2, 16, 4, 64), stride(-1) != 1
+    out, lse = torch.ops.cupyattn.attention(q, q, q, "none", None, "bhsd", None, None, True)
+    dq, _, _ = torch.ops.cupyattn.attention_backward(out, q, q, q, out, lse, "none", None, "bhsd", None, None, True)
+    assert dq.stride() == ct._rows_contiguous(q).stride() and dq.stride(-1) == 1
 
 
 def test_bad_options_are_refused_before_any_launch():
@@ -156,8 +166,9 @@ def test_transformers_attention_refuses_masks_windows_and_dropout():
     module = torch.nn.Module()
     with pytest.raises(NotImplementedError, match="attention_mask: cupyattn takes no padding masks"):
         ct.transformers_attention(module, q, kv, kv, _meta(1, 8, dtype=torch.bool))
-    with pytest.raises(NotImplementedError, match="sliding_window: cupyattn has no sliding window; got 4"):
-        ct.transformers_attention(module, q, kv, kv, None, sliding_window=4)
+    for name in ("sliding_window", "softcap", "cu_seq_lens_q"):
+        with pytest.raises(NotImplementedError, match=f"{name}: cupyattn takes none"):
+            ct.transformers_attention(module, q, kv, kv, None, **{name: 4})
     with pytest.raises(NotImplementedError, match="dropout: cupyattn has no dropout"):
         ct.transformers_attention(module, q, kv, kv, None, dropout=0.1)
     out, weights = ct.transformers_attention(module, q, kv, kv, None, scaling=0.5)
