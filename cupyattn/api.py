@@ -693,7 +693,9 @@ def attention_backward(
         if overlap:
             side = _side_stream(call.device_id)
             side.wait_event(ready)
-            with side:  # (arrays made here return to the side stream's pool, reused in its order)
+            # (arrays made here return to the side stream's pool, reused in its order; from
+            # cupyattn.torch, to torch's pool of the caller's stream, which joins the side stream)
+            with side:
                 dq_pass()
             main.wait_event(side.record())  # the caller's stream sees dq, and later work follows it
         else:
