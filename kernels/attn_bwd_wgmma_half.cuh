@@ -116,44 +116,32 @@ __device__ __forceinline__ void init_dkdv_barriers(unsigned long long* bars) {
 // Named barriers of the fused pass (5: the consumers' own): dS^T tile i % 2 written.
 constexpr int DS_READY = 6;
 
-// Add a 64-column dQ chunk's warp rows (16, from row0) to float32 rows (row stride
-// row_stride) below valid_rows, columns [col0, col0 + 64) below valid_cols.
-__device__ __forceinline__ void add_dq_rows(float* rows, long long row_stride, const float (&acc)[8][4], int row0,
-                                            int valid_rows, int col0, int valid_cols, int lane) {
+// f(r, c, x0, x1) for an m64 accumulator tile's warp rows r (g and g + 8, from row0) below
+// valid_rows and its column pairs c, c + 1 (col0 + 8j + 2t) below valid_cols.
+template <int N_BLOCKS, class F>
+__device__ __forceinline__ void for_each_pair(const float (&acc)[N_BLOCKS][4], int row0, int valid_rows, int col0,
+                                              int valid_cols, int lane, F&& f) {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = row0 + g + half * 8;
         if (r >= valid_rows) continue;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < N_BLOCKS; ++j) {
             const int c = col0 + j * 8 + 2 * t;  // head_dim % 8 == 0: c and c + 1 both in or both out
-            if (c < valid_cols)
-                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(rows + r * row_stride + c),
-                             "f"(acc[j][half * 2]), "f"(acc[j][half * 2 + 1])
-                             : "memory");
+            if (c < valid_cols) f(r, c, acc[j][half * 2], acc[j][half * 2 + 1]);
         }
     }
 }
 
-// Write an m64 accumulator tile's warp rows (16, from row0) times `scale` to dst rows
-// [0, valid_rows) (row stride dst_stride), columns [col0, col0 + N) below valid_cols.
+// Write an m64 accumulator tile's warp rows (16) times `scale` to dst rows [0, valid_rows)
+// (row stride dst_stride), columns [col0, col0 + N) below valid_cols.
 template <typename T, int N_BLOCKS>
 __device__ __forceinline__ void store_half_rows(T* dst, long long dst_stride, const float (&acc)[N_BLOCKS][4],
                                                 float scale, int valid_rows, int col0, int valid_cols, int lane) {
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int r = g + half * 8;
-        if (r >= valid_rows) continue;
-#pragma unroll
-        for (int j = 0; j < N_BLOCKS; ++j) {
-            const int c = col0 + j * 8 + 2 * t;  // head_dim % 8 == 0: c and c + 1 both in or both out
-            if (c < valid_cols)
-                *reinterpret_cast<unsigned*>(dst + r * dst_stride + c) =
-                    HalfOps<T>::pack(acc[j][half * 2] * scale, acc[j][half * 2 + 1] * scale);
-        }
-    }
+    for_each_pair(acc, 0, valid_rows, col0, valid_cols, lane, [&](int r, int c, float x0, float x1) {
+        *reinterpret_cast<unsigned*>(dst + r * dst_stride + c) = HalfOps<T>::pack(x0 * scale, x1 * scale);
+    });
 }
 
 // The float32 dQ accumulator the fused pass adds into: (B, Sq, Hq, D) element strides.
@@ -399,8 +387,14 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                     wgmma_wait<1>();
                     fence_operand(dq_acc);
                     const int hq = h_kv * kb.group + item / m_tiles;
-                    add_dq_rows(dq_accum.p + kb.b * dq_accum.sb + hq * dq_accum.sh, dq_accum.ss, dq_acc,
-                                m0 + (warp % 4) * 16, seqlen_q, dq_chunk * 64, head_dim, lane);
+                    float* rows = dq_accum.p + kb.b * dq_accum.sb + hq * dq_accum.sh;
+                    for_each_pair(dq_acc, m0 + (warp % 4) * 16, seqlen_q, dq_chunk * 64, head_dim, lane,
+                                  [&](int r, int c, float x0, float x1) {
+                                      asm volatile(
+                                          "red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(rows + r * dq_accum.ss + c),
+                                          "f"(x0), "f"(x1)
+                                          : "memory");
+                                  });
                 } else {
                     named_barrier_arrive(DS_READY + item % 2, CONSUMERS);
                     issue_dk();
