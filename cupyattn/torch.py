@@ -72,8 +72,10 @@ def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _on_torch_stream(device: torch.device):
-    """CuPy's device and current stream set to torch's current stream on ``device``."""
+def _within_torch(device: torch.device):
+    """CuPy's device and current stream set to torch's current stream on ``device``, and
+    CuPy's allocations in this thread taken from torch's caching allocator (on that stream),
+    so that a captured CUDA graph owns them as it owns torch's own."""
     import cupy
 
     stream = torch.cuda.current_stream(device)
@@ -81,21 +83,12 @@ def _on_torch_stream(device: torch.device):
         cupy_stream = cupy.cuda.Stream.from_external(stream)
     else:
         cupy_stream = cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
-    with cupy.cuda.Device(device.index), cupy_stream:
-        yield
-
-
-@contextlib.contextmanager
-def _torch_memory(device: torch.device):
-    """CuPy's allocations in this thread taken from torch's caching allocator (on torch's
-    current stream), so that a captured CUDA graph owns them as it owns torch's own."""
-    import cupy
 
     def allocate(nbytes: int):
         block = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.data_ptr(), nbytes, block, device.index), 0)
 
-    with cupy.cuda.using_allocator(allocate):
+    with cupy.cuda.Device(device.index), cupy_stream, cupy.cuda.using_allocator(allocate):
         yield
 
 
@@ -129,6 +122,13 @@ def _precision(name: str | None):
     return name if name is None or "," not in name else tuple(name.split(","))
 
 
+def _api_options(causal: str, scale, layout: str, precision: str | None, policy: str | None) -> dict:
+    """The operators' string-encoded options as cupyattn's keyword arguments."""
+    return dict(
+        causal=_CAUSAL[causal], scale=scale, layout=layout, precision=_precision(precision), policy=_policy(policy)
+    )
+
+
 def _policy_name(policy) -> str | None:
     if policy is None:
         return None
@@ -159,16 +159,12 @@ def _attention_op(
     """out and the float32 lse (B, Hq, Sq); ``deterministic`` is the backward's."""
     q, k, v = (_rows_contiguous(x) for x in (q, k, v))
     out = torch.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype, device=q.device)
-    with _on_torch_stream(q.device), _torch_memory(q.device):
+    with _within_torch(q.device):
         _, lse = api.attention(
             _as_cupy(q),
             _as_cupy(k),
             _as_cupy(v),
-            causal=_CAUSAL[causal],
-            scale=scale,
-            layout=layout,
-            precision=_precision(precision),
-            policy=_policy(policy),
+            **_api_options(causal, scale, layout, precision, policy),
             out=_as_cupy(out),
             return_lse=True,
         )
@@ -199,19 +195,10 @@ def _attention_backward_op(
     """dq, dk, dv."""
     dout, q, k, v = (_rows_contiguous(x) for x in (dout, q, k, v))
     dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
-    with _on_torch_stream(q.device), _torch_memory(q.device):
+    with _within_torch(q.device):
         api.attention_backward(
-            _as_cupy(dout),
-            _as_cupy(q),
-            _as_cupy(k),
-            _as_cupy(v),
-            _as_cupy(out),
-            _as_cupy(lse),
-            causal=_CAUSAL[causal],
-            scale=scale,
-            layout=layout,
-            precision=_precision(precision),
-            policy=_policy(policy),
+            *(_as_cupy(x) for x in (dout, q, k, v, out, lse)),
+            **_api_options(causal, scale, layout, precision, policy),
             deterministic=deterministic,
             dq=_as_cupy(dq),
             dk=_as_cupy(dk),
