@@ -321,6 +321,7 @@ def test_a_transformers_llama_gives_sdpas_logits_and_gradients(dtype, tol):
     mask[0, :5] = 0
     with pytest.raises(NotImplementedError, match="attention_mask: cupyattn takes no padding masks"):
         ours(ids, attention_mask=mask)
-    packed = torch.cat([torch.arange(40), torch.arange(56)]).to("cuda").expand(2, 96)  # two documents a row
+    # Two documents a row; transformers looks for packing only without a KV cache (training).
+    packed = torch.cat([torch.arange(40), torch.arange(56)]).to("cuda").expand(2, 96)
     with pytest.raises(NotImplementedError, match="attention_mask: cupyattn takes no padding masks"):
-        ours(ids, position_ids=packed)
+        ours(ids, position_ids=packed, use_cache=False)
