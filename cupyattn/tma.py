@@ -115,16 +115,6 @@ def tensor_map(x, box_rows: int) -> np.ndarray:
     return encode(int(x.data.ptr), tuple(int(n) for n in x.shape), tuple(int(s) for s in x.strides), box_rows, dtype)
 
 
-def tma_maps(q, k, v, block_m: int, block_n: int) -> np.ndarray:
-    """The forward's one ``TmaMaps`` argument: q's map in boxes of block_m rows, k's and v's
-    in boxes of block_n rows (a one-element structured array: CuPy passes it by value)."""
-    maps = np.zeros(1, TMA_MAPS)
-    maps["q"] = tensor_map(q, block_m)
-    maps["k"] = tensor_map(k, block_n)
-    maps["v"] = tensor_map(v, block_n)
-    return maps
-
-
 def bwd_tma_maps(q, k, v, dout, block_m: int, block_n: int) -> np.ndarray:
     """A backward pass's one ``BwdTmaMaps`` argument: q's and dout's maps in boxes of block_m
     rows, k's and v's in boxes of block_n rows."""

@@ -1,10 +1,15 @@
 """Launch-path checks that need no GPU."""
 
+import struct
+
+import numpy as np
 import pytest
 
 from cupyattn import api
 from cupyattn.device import named_device
+from cupyattn.launch import pack
 from cupyattn.plan import FwdMmaConfig
+from cupyattn.plan.policy import Policy
 
 
 def test_grids_past_the_limit_are_refused_before_compiling(monkeypatch):
@@ -22,3 +27,28 @@ def test_a_policy_that_is_not_one_is_refused_before_anything_else():
     ):
         with pytest.raises(TypeError, match=r"^policy: expected a cupyattn.plan.Policy or None, got dict$"):
             call(policy={"families": {"mma"}})
+
+
+def test_packed_arguments_sit_in_8_byte_slots_of_their_own_bytes():
+    maps = np.zeros(1, np.dtype([("a", np.uint64, 16)]))
+    maps["a"] = np.arange(16)
+    data, offsets = pack((np.uint64(2**63 + 5), np.int32(-2), np.float32(1.5), np.int64(-7), maps))
+    assert offsets == (0, 8, 16, 24, 32) and len(data) == 32 + 128
+    assert struct.unpack_from("<Qi4xf4xq", data) == (2**63 + 5, -2, 1.5, -7)
+    assert data[32:] == maps.tobytes()
+    with pytest.raises(TypeError, match="kernel arguments are NumPy scalars or arrays, got int"):
+        pack((5,))
+
+
+def test_forward_keys_tell_apart_options_that_compare_equal():
+    """True == 1 == 1.0, but causal=1 and scale=True are refused where True and 1.0 are not:
+    a launch remembered for one is never repeated for the other."""
+    arrays = [((1, 8, 2, 64), (2048, 256, 128, 2), "float16", True, 0)] * 3
+    options = dict(causal=True, scale=1.0, layout="bshd", smem_limit=None, precision=None, policy=None)
+    key = api.forward_key(*arrays, None, **options)
+    assert key == api.forward_key(*arrays, None, **options)
+    assert key != api.forward_key(*arrays, None, **{**options, "causal": 1})
+    assert key != api.forward_key(*arrays, None, **{**options, "scale": True})
+    assert key != api.forward_key(*arrays, None, **{**options, "policy": Policy(families={"mma"})})
+    unhashable = api.forward_key(*arrays, None, **{**options, "precision": ["fp32"]})
+    assert api.known_forward(unhashable) is None  # never remembered, never an error

@@ -317,7 +317,7 @@ def test_staged_tiles_stay_alive_until_their_kernel_is_launched(monkeypatch, pre
         fused_where={(precision, 64)},
     )
     staged, checked = [], []
-    stage_tiles, launch = api.stage_tiles, api._launch
+    stage_tiles, launch = api.stage_tiles, api._launch_packed
 
     def recording_stage_tiles(*args, **kwargs):
         tiles = stage_tiles(*args, **kwargs)
@@ -332,7 +332,7 @@ def test_staged_tiles_stay_alive_until_their_kernel_is_launched(monkeypatch, pre
         return launch(config, *args, **kwargs)
 
     monkeypatch.setattr(api, "stage_tiles", recording_stage_tiles)
-    monkeypatch.setattr(api, "_launch", checking_launch)
+    monkeypatch.setattr(api, "_launch_packed", checking_launch)
     B, S, H, D = 1, 130, 2, 64
     _, (q, k, v, dout) = _inputs([(B, S, H, D)] * 4, "float32", 11)
     out, lse = cupyattn.attention(q, k, v, return_lse=True, precision=precision, policy=policy)
