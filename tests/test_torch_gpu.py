@@ -268,6 +268,35 @@ def test_a_forward_and_backward_step_captures_into_a_cuda_graph(dtype):
             assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: str(d).replace("torch.", ""))
+def test_eager_calls_skip_the_operator_and_give_its_bits(dtype):
+    """Eager calls go straight to the kernels (the operator's Python dispatch costs more host
+    time than a small launch): out and gradients are the operator's bit for bit, and a
+    repeated forward at other addresses repeats the remembered launch."""
+    from cupyattn import api
+
+    g = torch.Generator(device="cuda").manual_seed(13)
+    shapes = ((2, 4, 200, 64), (2, 2, 333, 64), (2, 2, 333, 64), (2, 4, 200, 64))
+    q, k, v, dout = (torch.randn(s, device="cuda", generator=g, dtype=dtype) for s in shapes)
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    through_op = torch.ops.cupyattn.attention(q, k, v, "top_left", None, "bhsd", None, None, True)[0]
+    eager = ca_torch.attention(q, k, v, causal="top_left")
+    assert type(eager.grad_fn).__name__ == "_EagerAttentionBackward"
+    assert torch.equal(eager, through_op)
+    grads = [torch.autograd.grad(out, (q, k, v), dout) for out in (eager, through_op)]
+    for name, a, b in zip("qkv", *grads):
+        assert torch.equal(a, b), f"d{name}"
+    fresh = [x.detach().clone() for x in (q, k, v)]
+    with torch.no_grad():
+        again = ca_torch.attention(*fresh, causal="top_left")
+    assert again.grad_fn is None and torch.equal(again, eager)
+    if dtype != torch.float32:  # (float32 launches that read staged tiles are planned every call)
+        options = dict(causal="top_left", scale=None, layout="bhsd", smem_limit=None, precision=None, policy=None)
+        key = api.forward_key(*(ca_torch._describe(x) for x in fresh), None, **options)
+        assert api.known_forward(key) is not None
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("batched", [True, False])
 def test_the_sdpa_compatible_call_matches_sdpa(is_causal, batched):
