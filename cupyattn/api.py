@@ -189,6 +189,11 @@ class _Call:
             return (self.B, self.Hq, self.Sq, self.Dv)
         return (self.B, self.Sq, self.Hq, self.Dv)
 
+    @property
+    def sizes(self) -> tuple:
+        """Hq, Hkv, Sq, Sk, D, Dv as the kernels take them (int32)."""
+        return tuple(np.int32(n) for n in (self.Hq, self.Hkv, self.Sq, self.Sk, self.D, self.Dv))
+
     def shape_like(self, which: str) -> tuple[int, ...]:
         """Caller-layout shape of an array shaped like q, k or v."""
         B, S, H, D = {
@@ -401,12 +406,7 @@ class ForwardLaunch:
                 *_elem_strides(ks),
                 *_elem_strides(vs),
                 *_elem_strides(os_),
-                np.int32(call.Hq),
-                np.int32(call.Hkv),
-                np.int32(call.Sq),
-                np.int32(call.Sk),
-                np.int32(call.D),
-                np.int32(call.Dv),
+                *call.sizes,
                 np.int32(num_m_tiles),
                 np.float32(call.scale * LOG2E),
                 np.int32(call.causal_offset or 0),
@@ -704,14 +704,7 @@ def attention_backward(
                 ),
             )
 
-        sizes = (
-            np.int32(call.Hq),
-            np.int32(call.Hkv),
-            np.int32(call.Sq),
-            np.int32(call.Sk),
-            np.int32(call.D),
-            np.int32(call.Dv),
-        )
+        sizes = call.sizes
         tail = (np.float32(call.scale), np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0))
         operands = {}  # the inputs as each pass reads them (_operands_for), rounded once at most
         for plan in bplan.plans:  # on the caller's stream, before the dQ pass's stream forks off
