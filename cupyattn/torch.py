@@ -18,6 +18,8 @@ The forward and the backward are torch custom operators (``torch.ops.cupyattn.at
 ``torch.ops.cupyattn.attention_backward``, with shape functions for tracing and an autograd
 formula), so that ``torch.compile(model, fullgraph=True)`` keeps them in its graph and a
 step may be captured into a CUDA graph once its kernels have compiled (after a first call).
+Plain eager calls run the same work without the operators' Python dispatch, and a call
+like an earlier one repeats its launch (the host time of a small call: BENCHMARKS.md).
 
 ``causal`` has cupyattn's meaning: True or "bottom_right" (FlashAttention's
 convention) or "top_left" (SDPA's ``is_causal``); the two agree when Sq == Sk.
