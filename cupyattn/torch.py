@@ -30,6 +30,7 @@ torch is imported here only, never by ``import cupyattn``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 
 import torch
@@ -148,7 +149,10 @@ def _policy_name(policy) -> str | None:
         return None
     if not isinstance(policy, Policy):
         raise TypeError(f"policy: expected a cupyattn.plan.Policy or None, got {type(policy).__name__}")
-    name = hashlib.sha1(repr(policy).encode()).hexdigest()[:16]
+    # (frozensets sorted: their repr follows string hashes, so equal policies could print apart)
+    fields = [(f.name, getattr(policy, f.name)) for f in dataclasses.fields(policy)]
+    canonical = [(n, tuple(sorted(v)) if isinstance(v, frozenset) else v) for n, v in fields]
+    name = hashlib.sha1(repr(canonical).encode()).hexdigest()[:16]
     _POLICIES.setdefault(name, policy)
     return name
 
