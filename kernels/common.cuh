@@ -75,6 +75,16 @@ __device__ __forceinline__ float warp_sum_from(float x) {
     return x;
 }
 
+// 2^x on the special-function unit, results below 2^-126 flushed to zero: the same bits as
+// exp2f wherever the result is a normal float, without the range check and rescaling exp2f
+// adds an element for denormal results (no probability that small changes an output).
+// (The mma.sync backward kernels keep exp2f: with this, ptxas spills some of them.)
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Max / sum over aligned groups of WIDTH consecutive lanes (WIDTH a power of two).
 template <int WIDTH>
 __device__ __forceinline__ float group_max(float x) {

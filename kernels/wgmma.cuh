@@ -216,28 +216,41 @@ __device__ __forceinline__ float online_softmax_row(float (&s)[N_BLOCKS][4], int
                                                     bool needs_mask, int seqlen_k, int causal_offset, float scale_log2,
                                                     float& m_run, float& l_run) {
     float row_max = CUPYATTN_NEG_INF;
+    // Two loops, not one with needs_mask in every select: most tiles need no mask, and a
+    // loop that may mask costs them two instructions an entry.
+    if (needs_mask) {
 #pragma unroll
-    for (int j = 0; j < N_BLOCKS; ++j)
+        for (int j = 0; j < N_BLOCKS; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float& x = s[j][half * 2 + e];
-            const int col = n0 + j * 8 + 2 * t + e;
-            // (& and |, not && and ||: a select, not a branch an entry)
-            const bool visible = !needs_mask | ((col < seqlen_k) & (!CAUSAL | (col <= row + causal_offset)));
-            x = visible ? x * scale_log2 : CUPYATTN_NEG_INF;
-            row_max = fmaxf(row_max, x);
-        }
+            for (int e = 0; e < 2; ++e) {
+                float& x = s[j][half * 2 + e];
+                const int col = n0 + j * 8 + 2 * t + e;
+                // (& and |, not && and ||: a select, not a branch an entry)
+                const bool visible = (col < seqlen_k) & (!CAUSAL | (col <= row + causal_offset));
+                x = visible ? x * scale_log2 : CUPYATTN_NEG_INF;
+                row_max = fmaxf(row_max, x);
+            }
+    } else {
+#pragma unroll
+        for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = s[j][half * 2 + e];
+                x *= scale_log2;
+                row_max = fmaxf(row_max, x);
+            }
+    }
     row_max = group_max<4>(row_max);
     const float m_new = fmaxf(m_run, row_max);
     const float base = m_new == CUPYATTN_NEG_INF ? 0.0f : m_new;
-    const float alpha = exp2f(m_run - base);
+    const float alpha = exp2_ftz(m_run - base);
     float row_sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < N_BLOCKS; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             float& x = s[j][half * 2 + e];
-            x = exp2f(x - base);
+            x = exp2_ftz(x - base);
             row_sum += x;
         }
     l_run = l_run * alpha + group_sum<4>(row_sum);
