@@ -8,6 +8,7 @@ import math
 import numbers
 import os
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
@@ -75,17 +76,6 @@ def _require_cupy(name: str, x):
         )
     if not isinstance(x, cupy.ndarray):
         raise TypeError(f"{name}: expected a cupy.ndarray, got {type(x).__module__}.{type(x).__name__}")
-
-
-def _check_array(name: str, x):
-    _require_cupy(name, x)
-    if x.ndim != 4:
-        raise ValueError(
-            f"{name}: expected 4 dimensions (batch, seqlen, heads, head_dim), got {x.ndim} with shape {tuple(x.shape)}"
-        )
-    dtype = _dtype_name(x)
-    if dtype not in CXX_TYPES:
-        raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {dtype}")
 
 
 def _to_bshd(x, layout):
@@ -161,16 +151,10 @@ def _parse_scale(scale, head_dim: int) -> float:
 LOG2E = 1.4426950408889634
 
 
-@dataclasses.dataclass
-class _Call:
-    """Validated q, k, v as (B, S, H, D) views, with the problem they pose."""
+class Shapes(NamedTuple):
+    """A call's sizes and options as ``check_shapes`` finds them."""
 
-    qs: object
-    ks: object
-    vs: object
-    layout: str
     dtype: str
-    device_id: int
     B: int
     Sq: int
     Sk: int
@@ -181,6 +165,21 @@ class _Call:
     causal_offset: int | None
     scale: float
     precision: tuple[str, ...]
+
+
+@dataclasses.dataclass
+class _Call:
+    """Validated q, k, v as (B, S, H, D) views, with the problem they pose."""
+
+    qs: object
+    ks: object
+    vs: object
+    layout: str
+    device_id: int
+    shapes: Shapes  # dtype, sizes and options, read through as the call's own (call.B, ...)
+
+    def __getattr__(self, name):
+        return getattr(self.shapes, name)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -226,56 +225,62 @@ class _Call:
         return _to_bshd(x, self.layout)
 
 
-def _validate(q, k, v, causal, scale, layout, precision=None) -> _Call:
+def check_shapes(q_shape, k_shape, v_shape, dtypes, *, causal, scale, layout, precision=None) -> Shapes:
+    """What ``attention`` checks of q, k, v that needs no array: their shapes (in ``layout``)
+    and dtype names, and the options, with ``attention``'s errors (a framework that stages
+    calls checks them here when the call is traced)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected 'bshd' or 'bhsd', got {layout!r}")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_array(name, x)
-    dtype = _dtype_name(q)
-    for name, x in (("k", k), ("v", v)):
-        if _dtype_name(x) != dtype:
-            raise TypeError(f"{name}: expected dtype {dtype} (the dtype of q), got {_dtype_name(x)}")
-        if x.device.id != q.device.id:
+    shapes = tuple(tuple(int(n) for n in shape) for shape in (q_shape, k_shape, v_shape))
+    for name, shape, dtype in zip(("q", "k", "v"), shapes, dtypes):
+        if len(shape) != 4:
             raise ValueError(
-                f"{name}: expected an array on device {q.device.id} (the device of q), got device {x.device.id}"
+                f"{name}: expected 4 dimensions (batch, seqlen, heads, head_dim), got {len(shape)} with shape {shape}"
             )
-    qs, ks, vs = (_to_bshd(x, layout) for x in (q, k, v))
-    B, Sq, Hq, D = qs.shape
-    _, Sk, Hkv, Dv = vs.shape
-    if ks.shape[0] != B or vs.shape[0] != B:
-        raise ValueError(f"k, v: expected batch {B} (the batch of q), got k {ks.shape[0]}, v {vs.shape[0]}")
-    if ks.shape[1] != Sk or ks.shape[2] != Hkv:
+        if dtype not in CXX_TYPES:
+            raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {dtype}")
+    dtype = dtypes[0]
+    for name, other in (("k", dtypes[1]), ("v", dtypes[2])):
+        if other != dtype:
+            raise TypeError(f"{name}: expected dtype {dtype} (the dtype of q), got {other}")
+    qs, ks, vs = (s if layout == "bshd" else (s[0], s[2], s[1], s[3]) for s in shapes)
+    B, Sq, Hq, D = qs
+    _, Sk, Hkv, Dv = vs
+    if ks[0] != B or vs[0] != B:
+        raise ValueError(f"k, v: expected batch {B} (the batch of q), got k {ks[0]}, v {vs[0]}")
+    if ks[1] != Sk or ks[2] != Hkv:
         raise ValueError(
-            f"k, v: expected the same seqlen and heads, got k {tuple(k.shape)} "
-            f"and v {tuple(v.shape)} (layout {layout!r})"
+            f"k, v: expected the same seqlen and heads, got k {shapes[1]} and v {shapes[2]} (layout {layout!r})"
         )
-    if ks.shape[3] != D:
-        raise ValueError(f"k: expected head_dim {D} (the head_dim of q), got {ks.shape[3]}")
+    if ks[3] != D:
+        raise ValueError(f"k: expected head_dim {D} (the head_dim of q), got {ks[3]}")
     for name, d in (("q", D), ("v", Dv)):
         if not 1 <= d <= MAX_HEAD_DIM:
             raise ValueError(f"{name}: expected head_dim 1..{MAX_HEAD_DIM}, got {d}")
     if (Hkv == 0 and Hq != 0) or (Hkv != 0 and Hq % Hkv != 0):
         raise ValueError(f"k, v: expected a number of heads that divides the {Hq} heads of q, got {Hkv}")
+    offset = _causal_offset(causal, Sq, Sk)
+    return Shapes(dtype, B, Sq, Sk, Hq, Hkv, D, Dv, offset, _parse_scale(scale, D), parse_precision(precision, dtype))
+
+
+def _validate(q, k, v, causal, scale, layout, precision=None) -> _Call:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected 'bshd' or 'bhsd', got {layout!r}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _require_cupy(name, x)
+    dtypes = tuple(_dtype_name(x) for x in (q, k, v))
+    shapes = check_shapes(
+        q.shape, k.shape, v.shape, dtypes, causal=causal, scale=scale, layout=layout, precision=precision
+    )
+    for name, x in (("k", k), ("v", v)):
+        if x.device.id != q.device.id:
+            raise ValueError(
+                f"{name}: expected an array on device {q.device.id} (the device of q), got device {x.device.id}"
+            )
+    qs, ks, vs = (_to_bshd(x, layout) for x in (q, k, v))
     for name, x in (("q", qs), ("k", ks), ("v", vs)):
         _check_last_dim_contiguous(name, x)
-    return _Call(
-        qs,
-        ks,
-        vs,
-        layout,
-        dtype,
-        q.device.id,
-        B,
-        Sq,
-        Sk,
-        Hq,
-        Hkv,
-        D,
-        Dv,
-        _causal_offset(causal, Sq, Sk),
-        _parse_scale(scale, D),
-        parse_precision(precision, dtype),
-    )
+    return _Call(qs, ks, vs, layout, q.device.id, shapes)
 
 
 def _check_like(name: str, x, shape, dtype: str, device_id: int, c_contiguous: bool = False):
@@ -463,13 +468,13 @@ def _describe(x) -> tuple:
     return (x.shape, x.strides, x.dtype, data.ptr % 16 == 0, data.device_id)
 
 
-def forward_key(q, k, v, out, *, causal, scale, layout, smem_limit, precision, policy) -> tuple:
-    """The key of a forward call: q, k, v and out described (each a tuple that fixes the
+def forward_key(q, k, v, out, lse, *, causal, scale, layout, smem_limit, precision, policy) -> tuple:
+    """The key of a forward call: q, k, v, out and lse described (each a tuple that fixes the
     array's shape, strides, dtype, 16-byte alignment and device, in a frontend's own terms; out
-    None when the frontend allocates it) and the options, causal and scale with their types
-    (True and 1, or True and 1.0, are not the same option)."""
+    and lse None when the frontend allocates them) and the options, causal and scale with
+    their types (True and 1, or True and 1.0, are not the same option)."""
     env = os.environ.get("CUPYATTN_SMEM_LIMIT")
-    return (q, k, v, out, type(causal), causal, type(scale), scale, layout, smem_limit, precision, policy, env)
+    return (q, k, v, out, lse, type(causal), causal, type(scale), scale, layout, smem_limit, precision, policy, env)
 
 
 def known_forward(key) -> ForwardLaunch | None:
@@ -498,6 +503,7 @@ def attention(
     scale=None,
     return_lse=False,
     out=None,
+    lse=None,
     layout="bshd",
     smem_limit=None,
     precision=None,
@@ -517,6 +523,8 @@ def attention(
            FlashAttention's convention); "top_left" (j <= i, PyTorch SDPA's is_causal).
         scale: softmax scale, default 1 / sqrt(D).
         return_lse: also return the log-sum-exp, (B, Hq, Sq) float32, natural log.
+        lse: optional array the log-sum-exp is written to, (B, Hq, Sq) float32,
+           C-contiguous (returned with ``return_lse``). Left untouched if validation fails.
         out: optional output array, (B, Sq, Hq, Dv) in ``layout``, q's dtype, last
            dimension contiguous. Left untouched if validation fails.
         layout: "bshd" (default) or "bhsd" for (B, H, S, D) arrays; out follows it.
@@ -542,26 +550,29 @@ def attention(
     import cupy
 
     resolve_policy(policy)  # (a policy that is not one is refused first)
-    q, k, v, out = (_as_cupy(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("out", out)))
+    named = (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse))
+    q, k, v, out, lse = (_as_cupy(n, x) for n, x in named)
     options = dict(causal=causal, scale=scale, layout=layout, smem_limit=smem_limit, precision=precision, policy=policy)
     key = None
-    if all(isinstance(x, cupy.ndarray) for x in (q, k, v)) and (out is None or isinstance(out, cupy.ndarray)):
-        key = forward_key(*(None if x is None else _describe(x) for x in (q, k, v, out)), **options)
+    if all(isinstance(x, cupy.ndarray) for x in (q, k, v)) and all(
+        x is None or isinstance(x, cupy.ndarray) for x in (out, lse)
+    ):
+        key = forward_key(*(None if x is None else _describe(x) for x in (q, k, v, out, lse)), **options)
         known = known_forward(key)
         if known is not None:  # seen before: valid, planned, compiled
             with cupy.cuda.Device(known.device_id):
                 out = cupy.empty(known.out_shape, dtype=q.dtype) if out is None else out
-                lse = cupy.empty(known.lse_shape, dtype=cupy.float32)
+                lse = cupy.empty(known.lse_shape, dtype=cupy.float32) if lse is None else lse
                 stream = cupy.cuda.get_current_stream().ptr
                 known(q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr, stream)
             return (out, lse) if return_lse else out
-    (out, lse), forward = forward_uncached(q, k, v, out, **options)
+    (out, lse), forward = forward_uncached(q, k, v, out, lse, **options)
     if key is not None and forward is not None:
         remember_forward(key, forward)
     return (out, lse) if return_lse else out
 
 
-def forward_uncached(q, k, v, out, *, causal, scale, layout, smem_limit, precision, policy):
+def forward_uncached(q, k, v, out, lse, *, causal, scale, layout, smem_limit, precision, policy):
     """``attention``'s work from validation to launch, for CuPy arrays: ((out, lse), the
     ``ForwardLaunch`` a later call with arrays described alike may repeat, or None where the
     launch read more than q, k, v (tiles staged for it, operands rounded for it) or none
@@ -571,7 +582,11 @@ def forward_uncached(q, k, v, out, *, causal, scale, layout, smem_limit, precisi
     call = _validate(q, k, v, causal, scale, layout, precision)
     with cupy.cuda.Device(call.device_id):
         out = _output("out", out, call.out_shape, call)
-        lse = cupy.empty((call.B, call.Hq, call.Sq), dtype=cupy.float32)
+        lse_shape = (call.B, call.Hq, call.Sq)
+        if lse is None:
+            lse = cupy.empty(lse_shape, dtype=cupy.float32)
+        else:
+            _check_like("lse", lse, lse_shape, "float32", call.device_id, c_contiguous=True)
         if out.size == 0:
             return (out, lse), None
         if call.Sk == 0:  # no keys at all: every row sees none

@@ -179,7 +179,7 @@ def _forward(q, k, v, causal: str, scale, layout: str, precision, policy) -> tup
     keyed by the operators' options, out always a new contiguous tensor)."""
     q, k, v = (_rows_contiguous(x) for x in (q, k, v))
     options = dict(causal=causal, scale=scale, layout=layout, smem_limit=None, precision=precision, policy=policy)
-    key = api.forward_key(_describe(q), _describe(k), _describe(v), None, **options)
+    key = api.forward_key(_describe(q), _describe(k), _describe(v), None, None, **options)
     known = api.known_forward(key)
     if known is not None:  # (a key seen before is one of valid tensors)
         out, lse = q.new_empty(known.out_shape), q.new_empty(known.lse_shape, dtype=torch.float32)
@@ -187,12 +187,13 @@ def _forward(q, k, v, causal: str, scale, layout: str, precision, policy) -> tup
         return out, lse
     _check_tensors(q, k, v)
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+    lse = q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
     with _within_torch(q.device):
-        views = (_as_cupy(x) for x in (q, k, v, out))
-        (_, lse), forward = api.forward_uncached(*views, **_api_options(causal, scale, layout, precision, policy))
-        if forward is not None:
-            api.remember_forward(key, forward)
-        return out, torch.from_dlpack(lse)  # (torch's memory, through the allocator above)
+        views = (_as_cupy(x) for x in (q, k, v, out, lse))
+        _, forward = api.forward_uncached(*views, **_api_options(causal, scale, layout, precision, policy))
+    if forward is not None:
+        api.remember_forward(key, forward)
+    return out, lse
 
 
 def _backward(dout, q, k, v, out, lse, causal: str, scale, layout: str, precision, policy, deterministic: bool):

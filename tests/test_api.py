@@ -1,5 +1,6 @@
 """Launch-path checks that need no GPU."""
 
+import re
 import struct
 
 import numpy as np
@@ -45,10 +46,42 @@ def test_forward_keys_tell_apart_options_that_compare_equal():
     a launch remembered for one is never repeated for the other."""
     arrays = [((1, 8, 2, 64), (2048, 256, 128, 2), "float16", True, 0)] * 3
     options = dict(causal=True, scale=1.0, layout="bshd", smem_limit=None, precision=None, policy=None)
-    key = api.forward_key(*arrays, None, **options)
-    assert key == api.forward_key(*arrays, None, **options)
-    assert key != api.forward_key(*arrays, None, **{**options, "causal": 1})
-    assert key != api.forward_key(*arrays, None, **{**options, "scale": True})
-    assert key != api.forward_key(*arrays, None, **{**options, "policy": Policy(families={"mma"})})
-    unhashable = api.forward_key(*arrays, None, **{**options, "precision": ["fp32"]})
+    key = api.forward_key(*arrays, None, None, **options)
+    assert key == api.forward_key(*arrays, None, None, **options)
+    assert key != api.forward_key(*arrays, None, None, **{**options, "causal": 1})
+    assert key != api.forward_key(*arrays, None, None, **{**options, "scale": True})
+    assert key != api.forward_key(*arrays, None, None, **{**options, "policy": Policy(families={"mma"})})
+    unhashable = api.forward_key(*arrays, None, None, **{**options, "precision": ["fp32"]})
     assert api.known_forward(unhashable) is None  # never remembered, never an error
+
+
+@pytest.mark.parametrize(
+    "shapes, dtypes, options, error, message",
+    [
+        (((2, 16, 64), (2, 16, 2, 64), (2, 16, 2, 64)), "fp16", {}, ValueError, "q: expected 4 dimensions"),
+        (None, ("float16", "float32", "float16"), {}, TypeError, "k: expected dtype float16 (the dtype of q)"),
+        (None, ("float64",) * 3, {}, TypeError, "q: expected dtype float16, bfloat16 or float32, got float64"),
+        (((2, 16, 4, 64), (3, 16, 2, 64), (2, 16, 2, 64)), "fp16", {}, ValueError, "expected batch 2"),
+        (((2, 16, 4, 64), (2, 16, 3, 64), (2, 16, 3, 64)), "fp16", {}, ValueError, "divides the 4 heads of q, got 3"),
+        (((2, 16, 4, 64), (2, 17, 2, 64), (2, 16, 2, 64)), "fp16", {}, ValueError, "same seqlen and heads"),
+        (((2, 16, 4, 257), (2, 16, 2, 257), (2, 16, 2, 64)), "fp16", {}, ValueError, "q: expected head_dim 1..256"),
+        (None, "fp16", {"causal": "diagonal"}, ValueError, "causal: expected False, True"),
+        (None, "fp16", {"scale": float("nan")}, ValueError, "scale: expected a finite real number"),
+        (None, "fp16", {"layout": "sbhd"}, ValueError, "layout: expected 'bshd' or 'bhsd'"),
+        (None, "fp16", {"precision": "tf32"}, ValueError, "precision"),
+    ],
+)
+def test_shapes_and_options_are_checked_without_arrays(shapes, dtypes, options, error, message):
+    """check_shapes gives attention's errors from shapes, dtype names and options alone."""
+    shapes = shapes or ((2, 16, 4, 64), (2, 16, 2, 64), (2, 16, 2, 64))
+    dtypes = ("float16",) * 3 if dtypes == "fp16" else dtypes
+    kwargs = dict(causal=False, scale=None, layout="bshd", precision=None) | options
+    with pytest.raises(error, match=re.escape(message)):
+        api.check_shapes(*shapes, dtypes, **kwargs)
+
+
+def test_checked_shapes_give_the_problems_sizes_in_either_layout():
+    got = api.check_shapes(
+        (2, 4, 33, 64), (2, 2, 70, 64), (2, 2, 70, 32), ("bfloat16",) * 3, causal="top_left", scale=None, layout="bhsd"
+    )
+    assert got == api.Shapes("bfloat16", 2, 33, 70, 4, 2, 64, 32, 0, 0.125, ("bf16",))

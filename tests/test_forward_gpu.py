@@ -299,7 +299,7 @@ def test_a_repeated_call_repeats_its_launch_bit_for_bit(dtype, D):
     host = [testing.host_values((B, s, H, D), dtype, rng) for s in (Sq, Sk, Sk)]
     first, first_lse = cupyattn.attention(*(testing.to_device(x, dtype) for x in host), causal=True, return_lse=True)
     again = [testing.to_device(x, dtype) for x in host]  # the same values at other addresses
-    key = api.forward_key(*(api._describe(x) for x in again), None, **_OPTIONS)
+    key = api.forward_key(*(api._describe(x) for x in again), None, None, **_OPTIONS)
     if dtype != "float32":  # (float32 launches that read staged tiles are planned every call)
         assert api.known_forward(key) is not None
     second, second_lse = cupyattn.attention(*again, causal=True, return_lse=True)
@@ -317,6 +317,29 @@ def test_a_repeated_call_repeats_its_launch_bit_for_bit(dtype, D):
     ref, _ = attention_reference(*host, causal=True)
     ref_p, _ = attention_reference(*host, causal=True, precision=operand_precision(dtype, None)[0])
     assert testing.compare(testing.to_host(third), ref, ref_p, dtype, Sk, logit_bound=logit_bound(*host[:2])).ok
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_lse_is_written_to_a_given_array(dtype):
+    """lse= takes the log-sum-exp as return_lse gives it, first call and repeated; a wrong
+    shape or a strided view is refused before anything runs, the arrays left untouched."""
+    import cupy
+
+    rng = np.random.default_rng(13)
+    q, k, v = (testing.to_device(testing.host_values((2, s, 3, 64), dtype, rng), dtype) for s in (50, 70, 70))
+    want, want_lse = cupyattn.attention(q, k, v, causal=True, return_lse=True)
+    for _ in range(2):
+        lse = cupy.full((2, 3, 50), np.nan, dtype=cupy.float32)
+        out, got = cupyattn.attention(q, k, v, causal=True, lse=lse, return_lse=True)
+        assert got is lse and cupy.array_equal(lse, want_lse) and cupy.array_equal(out.view("u1"), want.view("u1"))
+    for bad, match in (
+        (cupy.full((2, 3, 49), np.nan, dtype=cupy.float32), r"^lse: expected shape \(2, 3, 50\), got \(2, 3, 49\)$"),
+        (cupy.full((2, 3, 100), np.nan, dtype=cupy.float32)[:, :, ::2], "^lse: expected a C-contiguous array"),
+    ):
+        out = cupy.full((2, 50, 3, 64), 7, dtype=q.dtype) if dtype == "float32" else None
+        with pytest.raises(ValueError, match=match):
+            cupyattn.attention(q, k, v, causal=True, lse=bad, out=out)
+        assert bool(cupy.isnan(bad).all()) and (out is None or bool((out == 7).all()))
 
 
 def test_a_new_thread_launches_planned_and_repeated_calls():

@@ -293,7 +293,7 @@ def test_eager_calls_skip_the_operator_and_give_its_bits(dtype):
     assert again.grad_fn is None and torch.equal(again, eager)
     if dtype != torch.float32:  # (float32 launches that read staged tiles are planned every call)
         options = dict(causal="top_left", scale=None, layout="bhsd", smem_limit=None, precision=None, policy=None)
-        key = api.forward_key(*(ca_torch._describe(x) for x in fresh), None, **options)
+        key = api.forward_key(*(ca_torch._describe(x) for x in fresh), None, None, **options)
         assert api.known_forward(key) is not None
 
 
