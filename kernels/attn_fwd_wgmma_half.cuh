@@ -81,6 +81,25 @@ struct Turns {
     }
 };
 
+// Consumer warpgroup wg's 64 rows of the Q tile change sign in shared memory (16-bit floats:
+// the sign bit), so that a negative scale's scores are |scale| (-Q) K^T: online_softmax takes
+// row maxima of raw scores for a scale >= 0.
+template <int D_CHUNKS, int BLOCK_M>
+__device__ __forceinline__ void negate_q_rows(unsigned char* q_tile, int wg) {
+#pragma unroll
+    for (int c = 0; c < D_CHUNKS; ++c) {
+        uint4* rows = reinterpret_cast<uint4*>(q_tile + c * BLOCK_M * 128 + wg * 64 * 128);
+        for (int i = threadIdx.x % 128; i < 64 * 128 / 16; i += 128) {
+            uint4 w = rows[i];
+            w.x ^= 0x80008000u;
+            w.y ^= 0x80008000u;
+            w.z ^= 0x80008000u;
+            w.w ^= 0x80008000u;
+            rows[i] = w;
+        }
+    }
+}
+
 template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool PINGPONG>
 __global__ void
 __launch_bounds__(NUM_WARPS * 32 + 128, 1)
@@ -180,17 +199,15 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
         for (int kk = 0; kk < BLOCK_N / 16; ++kk)
             WgO::template rs<true>(o_acc, p[kk], desc_sw128(v_addr, BLOCK_N * 128, kk * 2048));
     };
-    // Online softmax of a tile's scores, as attn_fwd_mma (S becomes P); alpha rescales O.
-    // Masks only where the tile reaches past the sequence end or the warp's causal diagonal.
+    // Online softmax of a tile's scores, as attn_fwd_mma (S becomes P); returns whether O
+    // takes the factors alpha. Masks only where the tile reaches past the sequence end or the
+    // warp's causal diagonal.
     auto softmax = [&](float (&s)[N_BLOCKS][4], int tile, float (&alpha)[2]) {
         const int n0 = tile * BLOCK_N;
         const bool needs_mask =
             n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-            alpha[half] = online_softmax_row<N_BLOCKS, CAUSAL>(s, half, warp_row0 + g + half * 8, n0, t, needs_mask,
-                                                               seqlen_k, causal_offset, scale_log2, m_run[half],
-                                                               l_run[half]);
+        return online_softmax<N_BLOCKS, CAUSAL>(s, warp_row0 + g, n0, t, needs_mask, seqlen_k, causal_offset,
+                                                fabsf(scale_log2), m_run, l_run, alpha);
     };
 
     // Each step issues this tile's S = Q K^T together with the previous tile's O += P V,
@@ -210,6 +227,11 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
     };
     Turn::start(wg);
     mbarrier_wait(st.q_full(), 0);
+    if (scale_log2 < 0.0f) {
+        negate_q_rows<D_CHUNKS, BLOCK_M>(q_tile, wg);
+        fence_proxy_async();  // (before the warpgroup's wgmmas read them)
+        warpgroup_barrier(wg);
+    }
     if (n_tiles > 0) {
         mbarrier_wait(st.k_full(0), 0);
         Turn::wait(wg);  // (a warpgroup with nothing to add still takes its turns)
@@ -245,16 +267,17 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
             fence_operand(s);
             mbarrier_arrive_warp(st.k_empty(tile));
             float alpha[2];
-            softmax(s, tile, alpha);
+            const bool rescale = softmax(s, tile, alpha);
             wgmma_wait<0>();
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) fence_operand(p[kk]);
             fence_operand(o_acc);
             mbarrier_arrive_warp(st.v_empty(tile - 1));
+            if (rescale)
 #pragma unroll
-            for (int j = 0; j < DV / 8; ++j)
+                for (int j = 0; j < DV / 8; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) o_acc[j][e] *= alpha[e / 2];
+                    for (int e = 0; e < 4; ++e) o_acc[j][e] *= alpha[e / 2];
             pack_a_operands<T>(p, s);
         } else if (tile == n_mine) {  // the previous tile was this warpgroup's last
             last_pv(tile - 1);

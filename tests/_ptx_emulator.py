@@ -26,7 +26,7 @@ its bytes counted on its mbarrier), cp.async.bulk.tensor loads and stores of box
 tensor_map (this module's own encoding: the driver's maps are opaque), with zeros for
 a load's elements outside the tensor, a store clipped to it, and the 128-byte swizzle
 on the absolute shared addresses; mbarriers (arrivals and transaction bytes:
-expect_tx), elect.sync, float32 add, sub, mul, fma and reciprocal rounded to nearest
+expect_tx), elect.sync, vote.sync.any, float32 add, sub, mul, fma and reciprocal rounded to nearest
 even as the GPU rounds them (no flush to zero), max, min, comparisons, int to float,
 TF32 rounding (cvt.rna.tf32.f32), float16 and bfloat16 conversions to and from float32
 (nearest even; exact), float32 atomic adds to global memory (in the order the threads
@@ -657,6 +657,8 @@ class _Grid:
             return self._decode_async_copy(op, ops, nxt)
         if name == "shfl":
             return self._decode_shuffle(op, ops)
+        if op == "vote.sync.any.pred":
+            return self._decode_vote_any(op, ops)
         if name == "mov":
             if "{" in ops[0] + ops[1]:
                 return self._decode_pack(op, ops, nxt)
@@ -1285,11 +1287,29 @@ class _Grid:
 
         return offer
 
+    def _decode_vote_any(self, op: str, ops: list):
+        """vote.sync.any.pred d, p, membermask of the whole warp: a meeting of its lanes (as
+        a shuffle), d true in every lane where p is in any."""
+        if len(ops) != 3:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        dst, vote, member_mask = ops[0], self._operand(ops[1]), self._operand(ops[2])
+
+        def offer(regs):
+            if member_mask(regs) & 0xFFFFFFFF != 0xFFFFFFFF:
+                raise NotImplementedError(f"{op} {', '.join(ops)}: only the whole warp")
+            regs["shuffle"] = ("any", bool(vote(regs)), 0, dst, "")
+            return _SHUFFLE
+
+        return offer
+
     # execution -----------------------------------------------------------------
     @staticmethod
     def _exchange(lanes: list):
         offers = [regs.pop("shuffle") for regs in lanes]
         for lane, (regs, (mode, _, b, dst, predicate)) in enumerate(zip(lanes, offers)):
+            if mode == "any":
+                regs[dst] = any(offer[1] for offer in offers)
+                continue
             if mode == "elect":  # (the whole warp: lane 0 is elected)
                 if dst not in ("", "_"):
                     regs[dst] = 0

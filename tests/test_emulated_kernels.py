@@ -333,17 +333,19 @@ def _half_array(values, dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("D", [64, 72])
 @pytest.mark.parametrize(
-    "causal,Sq,Sk,block_n",
+    "causal,Sq,Sk,block_n,scale",
     [
-        (False, 65, 65, 128),
-        (True, 65, 65, 128),
-        ("top_left", 65, 200, 128),
-        (False, 70, 300, 128),  # three key tiles: S of each beside P V of the last
-        (True, 256, 256, 64),  # a warpgroup whose rows end before the block's last key tiles
-        (True, 200, 100, 64),  # rows that see no key: a warpgroup with none beside one with some
+        (False, 65, 65, 128, None),
+        (True, 65, 65, 128, None),
+        ("top_left", 65, 200, 128, None),
+        (False, 70, 300, 128, None),  # three key tiles: S of each beside P V of the last
+        (True, 256, 256, 64, None),  # a warpgroup whose rows end before the block's last key tiles
+        (True, 200, 100, 64, None),  # rows that see no key: a warpgroup with none beside one with some
+        (False, 70, 300, 128, -0.3),  # a negative scale: Q's sign flipped in shared memory
+        (True, 65, 65, 128, 0.0),  # every probability the same
     ],
 )
-def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk, block_n):
+def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk, block_n, scale):
     """The float16 / bfloat16 wgmma forward (producer warpgroup, TMA loads into swizzled
     tiles, SS and RS wgmma, mbarrier stages) on B=1, H=1, S=65 (a partial query and key
     tile) and, top-left causal, Sq=65 < Sk=200 (the key tile reaches past the rows' keys:
@@ -366,13 +368,13 @@ def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk,
     m_tiles = -(-Sq // 128)
     offset = causal_offset(causal, Sq, Sk) or 0
     sizes = (np.int32(1), np.int32(1), np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D), np.int32(m_tiles))
-    scalars = (np.float32(LOG2E / np.sqrt(D)), np.int32(offset))
+    scalars = (np.float32(LOG2E * (1 / np.sqrt(D) if scale is None else scale)), np.int32(offset))
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(out))
     _run(cfg, m_tiles, [q, k, v, out, lse, *strides, *sizes, *scalars, maps], cfg.layout.total)
     got = out.astype(np.float32)
-    ref, ref_lse = attention_reference(hq, hk, hv, causal)
-    ref_p, _ = attention_reference(hq, hk, hv, causal, precision=dtype)
-    cmp = testing.compare(got, ref, ref_p, dtype, Sk, logit_bound=logit_bound(hq, hk))
+    ref, ref_lse = attention_reference(hq, hk, hv, causal, scale=scale)
+    ref_p, _ = attention_reference(hq, hk, hv, causal, scale=scale, precision=dtype)
+    cmp = testing.compare(got, ref, ref_p, dtype, Sk, logit_bound=logit_bound(hq, hk, scale))
     assert cmp.ok, str(cmp)
     np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
 

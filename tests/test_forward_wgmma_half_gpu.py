@@ -94,6 +94,31 @@ def test_long_sequences(dtype, D, causal):
 
 
 @pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("scale", [None, 2.0, -0.7, 0.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_scores_rising_along_the_keys_at_any_scale(dtype, scale, causal):
+    """Keys growing along the sequence, so that rows' maxima rise tile after tile, past the
+    threshold at which the running max moves and O is rescaled, and stay below it in other
+    tiles; a negative scale (the row maximum from the smallest raw score) and a zero one (all
+    probabilities equal). Output and lse against the float64 reference."""
+    import cupyattn
+    from cupyattn.reference import attention_reference, logit_bound
+
+    rng = np.random.default_rng(17)
+    B, Sq, Sk, H, D = 1, 300, 1100, 2, 64
+    hq = testing.host_values((B, Sq, H, D), dtype, rng)
+    hk, hv = (testing.host_values((B, Sk, H, D), dtype, rng) for _ in range(2))
+    hk = testing.round_to(hk * np.linspace(0.2, 3.0, Sk, dtype=np.float32)[None, :, None, None], dtype)
+    q, k, v = (testing.to_device(x, dtype) for x in (hq, hk, hv))
+    out, lse = cupyattn.attention(q, k, v, causal=causal, scale=scale, return_lse=True, policy=ONLY_HALF)
+    ref, ref_lse = attention_reference(hq, hk, hv, causal=causal, scale=scale)
+    ref_p, _ = attention_reference(hq, hk, hv, causal=causal, scale=scale, precision=dtype)
+    cmp = testing.compare(testing.to_host(out), ref, ref_p, dtype, Sk, logit_bound=logit_bound(hq, hk, scale))
+    assert cmp.ok, str(cmp)
+    np.testing.assert_allclose(lse.get(), ref_lse, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("D", [64, 256])
 def test_nan_in_keys_no_row_sees_stays_out(dtype, D):
     """Top-left causal, Sq < Sk: keys from Sq on are seen by no row, but the last key tile
