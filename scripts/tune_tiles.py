@@ -9,7 +9,7 @@ time; the planner's tile orders are written from it. From a checkout:
     PYTHONPATH=. python scripts/tune_tiles.py [--dtype float16] [--precision fp32] [--causal] [--json FILE]
         [--tiles 16x128x8,32x128x8]  (only these of each family's tiles)
 
-Families: forward, wgmma, dkdv, dkdv_wgmma, dq, dq_wgmma, fused (deterministic=False).
+Families: forward, wgmma, wgmma_half, dkdv, dkdv_wgmma, dq, dq_wgmma, fused (deterministic=False).
 """
 
 import argparse
@@ -31,6 +31,8 @@ FAMILIES = {  # name: (tile table, policy tile key, config class, backward?, the
     "dkdv_wgmma": ("BWD_DKDV_WGMMA_TILES", "bwd_dkdv_wgmma", P.BwdDkdvWgmmaConfig, True, "bwd_dkdv_mma"),
     "dq": ("BWD_DQ_MMA_TILES", "bwd_dq_mma", P.BwdDqMmaConfig, True, "bwd_dq_wgmma"),
     "dq_wgmma": ("BWD_DQ_WGMMA_TILES", "bwd_dq_wgmma", P.BwdDqWgmmaConfig, True, "bwd_dq_mma"),
+    # float16 / bfloat16 on sm_90 (TMA-loaded tiles)
+    "wgmma_half": ("FWD_WGMMA_HALF_TILES", "fwd_wgmma_half", P.FwdWgmmaHalfConfig, False, None),
     # dK, dV and dQ in one pass (deterministic=False; float32 fp32 / tf32 on sm_90)
     "fused": ("BWD_FUSED_WGMMA_TILES", "bwd_fused_wgmma", P.BwdFusedWgmmaConfig, True, None),
 }

@@ -196,7 +196,9 @@ BWD_FUSED_WHERE_FASTER = frozenset({("tf32", 64), ("bf16", 64), ("fp16", 64)})
 # warpgroup; K and V tiles of block_n keys, 2 stages (3 at head dims up to 64). The first
 # that fits sm_90's 232448 bytes at the head dim goes first (fwd_wgmma_half_first).
 FWD_WGMMA_HALF_TILES = (
-    (128, 128, 8),  # head dims up to 128: Q + 2 stages of K and V in 160 KiB (3 stages at 64: 112 KiB)
+    (128, 192, 8),  # head dims up to 128: the fastest there, Q + 2 stages in 224 KiB (3 stages at 64: 160)
+    (128, 176, 8),  # 208 KiB at 128 (FlashAttention-3's tile there)
+    (128, 128, 8),  # 160 KiB at 128 (3 stages at 64: 112 KiB)
     (128, 80, 8),  # up to 256: the widest key tile whose two stages fit beside Q (224 KiB at 256)
     (128, 64, 8),  # the smallest: 192 KiB at 256
 )
