@@ -134,6 +134,8 @@ def _precision(name: str | None):
 
 def _api_options(causal: str, scale, layout: str, precision: str | None, policy: str | None) -> dict:
     """The operators' string-encoded options as cupyattn's keyword arguments."""
+    if causal not in _CAUSAL:
+        raise ValueError(f"causal: expected the operators' 'none', 'bottom_right' or 'top_left', got {causal!r}")
     return dict(
         causal=_CAUSAL[causal],
         scale=scale,
@@ -228,8 +230,32 @@ def _attention_op(
     return _forward(q, k, v, causal, scale, layout, precision, policy)
 
 
+def _check_traced(q, k, v, causal: str, scale, layout: str, precision) -> bool:
+    """cupyattn's errors for q, k, v and the options where the operators are traced (meta or
+    fake tensors: torch.compile, make_fx), as a call that runs raises them; False, checking
+    nothing, where a size is symbolic (reading it would specialize the graph to it)."""
+    shapes = [tuple(x.shape) for x in (q, k, v)]
+    if not all(isinstance(n, int) for shape in shapes for n in shape):
+        return False
+    dtypes = tuple(str(x.dtype).removeprefix("torch.") for x in (q, k, v))
+    options = _api_options(causal, scale, layout, precision, None)
+    api.check_shapes(*shapes, dtypes, **{n: options[n] for n in ("causal", "scale", "layout", "precision")})
+    return True
+
+
+def _check_traced_like(name: str, x, shape, dtype):
+    """An operand of the backward operator against the shape and dtype it must have."""
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
+    if x.dtype != dtype:
+        raise TypeError(
+            f"{name}: expected dtype {str(dtype).removeprefix('torch.')}, got {str(x.dtype).removeprefix('torch.')}"
+        )
+
+
 @_attention_op.register_fake
 def _(q, k, v, causal, scale, layout, precision, policy, deterministic):
+    _check_traced(q, k, v, causal, scale, layout, precision)
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     return out, q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
 
@@ -255,6 +281,11 @@ def _attention_backward_op(
 
 @_attention_backward_op.register_fake
 def _(dout, q, k, v, out, lse, causal, scale, layout, precision, policy, deterministic):
+    if _check_traced(q, k, v, causal, scale, layout, precision):
+        out_shape = q.shape[:-1] + v.shape[-1:]
+        _check_traced_like("dout", dout, out_shape, q.dtype)
+        _check_traced_like("out", out, out_shape, q.dtype)
+        _check_traced_like("lse", lse, _lse_shape(q, layout), torch.float32)
     return tuple(torch.empty_like(_rows_contiguous(x)) for x in (q, k, v))
 
 

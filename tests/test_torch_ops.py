@@ -73,6 +73,47 @@ def test_torch_compile_keeps_both_calls_in_one_graph():
     assert sum("cupyattn.attention" in t for t in targets) == 2
 
 
+def test_traced_calls_raise_the_errors_of_a_call_that_runs():
+    """Meta / fake tensors (torch.compile, make_fx) meet cupyattn's checks of q, k, v and of the
+    backward's dout, out and lse, with the messages a call that runs gives."""
+    q, kv = _meta(2, 4, 40, 64), _meta(2, 2, 70, 64)
+    args = ("none", None, "bhsd", None, None, True)
+    for (q_, k_, v_), exc, match in [
+        ((q, _meta(2, 2, 70, 32), kv), ValueError, r"^k: expected head_dim 64 \(the head_dim of q\), got 32$"),
+        ((q, _meta(2, 3, 70, 64), _meta(2, 3, 70, 64)), ValueError, "divides the 4 heads of q, got 3$"),
+        ((q, kv, _meta(2, 2, 71, 64)), ValueError, "^k, v: expected the same seqlen and heads"),
+        ((q, kv, kv.half()), TypeError, r"^v: expected dtype bfloat16 \(the dtype of q\), got float16$"),
+        ((q.double(), kv.double(), kv.double()), TypeError, "^q: expected dtype float16, bfloat16 or float32"),
+    ]:
+        with pytest.raises(exc, match=match):
+            torch.ops.cupyattn.attention(q_, k_, v_, *args)
+    with pytest.raises(ValueError, match="^causal: expected the operators' 'none', 'bottom_right' or 'top_left'"):
+        torch.ops.cupyattn.attention(q, kv, kv, "diagonal", *args[1:])
+    out, lse = torch.ops.cupyattn.attention(q, kv, kv, *args)
+    backward = torch.ops.cupyattn.attention_backward
+    with pytest.raises(ValueError, match=r"^dout: expected shape \(2, 4, 40, 64\), got \(2, 4, 41, 64\)$"):
+        backward(_meta(2, 4, 41, 64), q, kv, kv, out, lse, *args)
+    with pytest.raises(TypeError, match="^out: expected dtype bfloat16, got float32$"):
+        backward(out, q, kv, kv, out.float(), lse, *args)
+    with pytest.raises(ValueError, match=r"^lse: expected shape \(2, 4, 40\), got \(2, 40, 4\)$"):
+        backward(out, q, kv, kv, out, lse.transpose(1, 2), *args)
+
+
+def test_torch_compile_with_dynamic_sizes_specializes_on_none():
+    """The traced checks leave symbolic sizes unread: one graph serves two sequence lengths."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    call = torch.compile(lambda q, k, v: ct.attention(q, k, v, causal=True), backend=backend, dynamic=True)
+    for S in (40, 57):
+        q, kv = _meta(2, 4, S, 64), _meta(2, 2, S + 3, 64)
+        assert call(q, kv, kv).shape == q.shape
+    assert len(graphs) == 1
+
+
 def test_options_travel_as_strings_and_come_back():
     assert [ct._causal_name(c) for c in (False, True, "bottom_right", "top_left")] == [
         "none",
