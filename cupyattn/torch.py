@@ -237,10 +237,14 @@ def _check_traced(q, k, v, causal: str, scale, layout: str, precision) -> bool:
     shapes = [tuple(x.shape) for x in (q, k, v)]
     if not all(isinstance(n, int) for shape in shapes for n in shape):
         return False
-    dtypes = tuple(str(x.dtype).removeprefix("torch.") for x in (q, k, v))
     options = _api_options(causal, scale, layout, precision, None)
-    api.check_shapes(*shapes, dtypes, **{n: options[n] for n in ("causal", "scale", "layout", "precision")})
+    del options["smem_limit"], options["policy"]
+    api.check_shapes(*shapes, tuple(_dtype_name(x.dtype) for x in (q, k, v)), **options)
     return True
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _check_traced_like(name: str, x, shape, dtype):
@@ -248,9 +252,7 @@ def _check_traced_like(name: str, x, shape, dtype):
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
     if x.dtype != dtype:
-        raise TypeError(
-            f"{name}: expected dtype {str(dtype).removeprefix('torch.')}, got {str(x.dtype).removeprefix('torch.')}"
-        )
+        raise TypeError(f"{name}: expected dtype {_dtype_name(dtype)}, got {_dtype_name(x.dtype)}")
 
 
 @_attention_op.register_fake
