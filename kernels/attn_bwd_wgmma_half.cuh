@@ -318,17 +318,27 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                 }
                 mbarrier_arrive_warp(&empty[pending]);
             }
+            // Two loops, not one with needs_mask in every select: most tiles need no mask.
+            if (needs_mask) {
 #pragma unroll
-            for (int j = 0; j < M_BLOCKS; ++j) {
-                const float2 l2 = *reinterpret_cast<const float2*>(lse_s + j * 8 + 2 * t);
+                for (int j = 0; j < M_BLOCKS; ++j) {
+                    const float2 l2 = *reinterpret_cast<const float2*>(lse_s + j * 8 + 2 * t);
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = warp_key0 + g + (e / 2) * 8;
-                    const int row = m0 + j * 8 + 2 * t + e % 2;
-                    const bool visible =
-                        !needs_mask | ((row < seqlen_q) & (key < seqlen_k) & (!CAUSAL | (key <= row + causal_offset)));
-                    const float p = exp2f(s[j][e] * scale_log2 - (e % 2 ? l2.y : l2.x));
-                    s[j][e] = visible ? p : 0.0f;
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = warp_key0 + g + (e / 2) * 8;
+                        const int row = m0 + j * 8 + 2 * t + e % 2;
+                        const bool visible =
+                            (row < seqlen_q) & (key < seqlen_k) & (!CAUSAL | (key <= row + causal_offset));
+                        const float p = exp2_ftz(fmaf(s[j][e], scale_log2, -(e % 2 ? l2.y : l2.x)));
+                        s[j][e] = visible ? p : 0.0f;
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < M_BLOCKS; ++j) {
+                    const float2 l2 = *reinterpret_cast<const float2*>(lse_s + j * 8 + 2 * t);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[j][e] = exp2_ftz(fmaf(s[j][e], scale_log2, -(e % 2 ? l2.y : l2.x)));
                 }
             }
             pack_a_operands<T>(pa, s);
@@ -627,18 +637,24 @@ attn_bwd_dq_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T
                 for (int kk = 0; kk < N_BLOCKS / 2; ++kk) fence_operand(dsa[kk]);
                 mbarrier_arrive_warp(&empty[pending]);
             }
+            if (needs_mask) {  // (two loops, as in dK/dV)
 #pragma unroll
-            for (int j = 0; j < N_BLOCKS; ++j)
+                for (int j = 0; j < N_BLOCKS; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int half = e / 2;
-                    const int row = warp_row0 + g + half * 8;
-                    const int key = n0 + j * 8 + 2 * t + e % 2;
-                    const bool visible = !needs_mask | ((row < seqlen_q) & (key < seqlen_k) &
-                                                        (!CAUSAL | (key <= row + causal_offset)));
-                    const float p = exp2f(s[j][e] * scale_log2 - lse_log2[half]);
-                    s[j][e] = visible ? p : 0.0f;
-                }
+                    for (int e = 0; e < 4; ++e) {
+                        const int row = warp_row0 + g + (e / 2) * 8;
+                        const int key = n0 + j * 8 + 2 * t + e % 2;
+                        const bool visible =
+                            (row < seqlen_q) & (key < seqlen_k) & (!CAUSAL | (key <= row + causal_offset));
+                        const float p = exp2_ftz(fmaf(s[j][e], scale_log2, -lse_log2[e / 2]));
+                        s[j][e] = visible ? p : 0.0f;
+                    }
+            } else {
+#pragma unroll
+                for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[j][e] = exp2_ftz(fmaf(s[j][e], scale_log2, -lse_log2[e / 2]));
+            }
             wgmma_wait<0>();
             fence_operand(dp);
 #pragma unroll
