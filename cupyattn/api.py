@@ -639,15 +639,18 @@ def attention_backward(
            dimension contiguous); left untouched if validation fails. With GQA,
            dk and dv are summed over the query heads of each group.
         deterministic: results are bitwise identical run to run (the default):
-           dQ comes from its own pass (S and dP recomputed) instead of float32
-           atomics, and the GQA sum over query heads happens inside one block, so
-           no result depends on the order in which blocks finish. ``False`` lets
-           the planner fuse dQ into the dK/dV pass, added with float32 atomics in
+           the GQA sum over query heads happens inside one block, and dQ comes from
+           its own pass (S and dP recomputed) or, for float16 / bfloat16 on sm_90 at
+           head dims up to 128, from the dK/dV pass, each key block adding its part
+           to a float32 accumulator in its turn (``plan.BwdFusedWgmmaHalfConfig``,
+           ordered), so no result depends on the order in which blocks finish.
+           ``False`` lets the planner fuse dQ into the dK/dV pass with the adds in
            whatever order blocks finish (``plan.BwdFusedWgmmaConfig``: float32 in
-           "fp32" / "tf32" on sm_90, where it measured faster;
-           ``plan.BwdFusedWgmmaHalfConfig``: float16 / bfloat16 on sm_90, into a
-           float32 accumulator of 4 * B * Sq * Hq * D bytes, then rounded into dq);
-           elsewhere it gives the deterministic algorithm.
+           "fp32" / "tf32" on sm_90 into dq, where it measured faster;
+           ``plan.BwdFusedWgmmaHalfConfig``: float16 / bfloat16 on sm_90); elsewhere
+           it gives the deterministic algorithm. The float16 / bfloat16 fused pass
+           takes a float32 accumulator of 4 * B * Hq * ceil(Sq / 64) * 64 * D_pad
+           bytes (D_pad: the head dim up to a multiple of 64), then rounded into dq.
 
     Algorithm (FlashAttention-2): delta = rowsum(dout * out) (its own launch, or
     the staging launch of a wgmma dK/dV pass as it reads dout); a dK/dV pass that
@@ -659,9 +662,9 @@ def attention_backward(
     current stream with events, so work queued on the current stream after the
     call sees every gradient (calls from several host threads at once share
     that stream, which may order them after one another). Extra device memory
-    beyond dq, dk, dv: delta, 4 * B * Hq * Sq bytes, and the tiles the wgmma
-    passes stage (``explain`` gives their bytes; both passes' at once);
-    nothing of size Sq x Sk.
+    beyond dq, dk, dv: delta, 4 * B * Hq * Sq bytes, the fused pass's float32 dQ
+    accumulator (above), and the tiles the wgmma passes stage (``explain`` gives
+    their bytes; both passes' at once); nothing of size Sq x Sk.
     """
     import cupy
 
@@ -758,9 +761,11 @@ def attention_backward(
             if bplan.dq_convert is None:  # float32: into dq itself
                 _zero_fill(dqs)
                 fused = (_ptr(dqs), *_elem_strides(dqs))
-            else:  # float16 / bfloat16: into a float32 accumulator, then scaled and rounded
-                dq_accum = cupy.zeros((call.B, call.Sq, call.Hq, call.D), dtype=cupy.float32)
-                fused = (_ptr(dq_accum), *_elem_strides(dq_accum))
+            else:  # float16 / bfloat16: into float32 tiles of 64 query rows, then scaled and rounded
+                m_tiles = -(-call.Sq // 64)
+                dq_accum = cupy.zeros((call.B, call.Hq, m_tiles, cfg.d_chunks * 64 * 64), dtype=cupy.float32)
+                turns = cupy.zeros((call.B, call.Hq, m_tiles), dtype=cupy.int32) if cfg.ordered else None
+                fused = (_ptr(dq_accum), _ptr(turns) if cfg.ordered else np.uint64(0), np.int32(m_tiles))
         # Everything the dQ pass reads is ready here (delta too), so it runs on a second
         # stream beside the dK/dV pass (OVERLAP_DQ), whose last blocks leave SMs idle otherwise.
         main = cupy.cuda.get_current_stream()
@@ -800,6 +805,7 @@ def attention_backward(
                     np.int32(call.Hq),
                     np.int32(call.Sq),
                     np.int32(call.D),
+                    np.int32(cfg.d_chunks),
                     np.float32(call.scale),
                     np.int64(quads),
                 ),

@@ -71,16 +71,21 @@ struct BwdDkdvWgmmaHalfLayout {
 };
 
 // The fused pass's: the dK/dV pass's, then two dS^T tiles (one item's written while the last
-// item's dQ may still read the other).
+// item's dQ may still read the other), two float32 dQ tiles (one written while the other is
+// added to global memory) and their barriers.
 template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N>
 struct BwdFusedWgmmaHalfLayout : BwdDkdvWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N> {
     using Base = BwdDkdvWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
     static constexpr int DS_BYTES = BLOCK_N * BLOCK_M * 2;  // [BLOCK_N keys][BLOCK_M queries] T
+    static constexpr int DQ_BYTES = Base::D_CHUNKS * BLOCK_M * 64 * 4;  // [D_CHUNKS][64 x 64] float
     static constexpr int ds_tiles = (Base::total + 1023) / 1024 * 1024;
-    static constexpr int total = ds_tiles + 2 * DS_BYTES;
-    static constexpr int num_buffers = 8;
+    static constexpr int dq_tiles = ds_tiles + 2 * DS_BYTES;
+    static constexpr int dq_barriers = dq_tiles + 2 * DQ_BYTES;
+    static constexpr int total = dq_barriers + 4 * 8;
+    static constexpr int num_buffers = 10;
     static constexpr int offsets[num_buffers] = {Base::k_tile,    Base::v_tile,      Base::q_tiles,  Base::do_tiles,
-                                                 Base::lse_tiles, Base::delta_tiles, Base::barriers, ds_tiles};
+                                                 Base::lse_tiles, Base::delta_tiles, Base::barriers, ds_tiles,
+                                                 dq_tiles,        dq_barriers};
 };
 
 template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N>
@@ -144,11 +149,18 @@ __device__ __forceinline__ void store_half_rows(T* dst, long long dst_stride, co
     });
 }
 
-// The float32 dQ accumulator the fused pass adds into: (B, Sq, Hq, D) element strides.
+// The float32 dQ accumulator the fused pass adds into: per (batch, query head, 64-row query
+// tile), D_CHUNKS chunks of 64 x 64 floats in accumulator order (dq_tile_index); ORDERED, one
+// counter per tile: how many key blocks have added theirs, the next to add waits for its turn.
 struct DqAccumulator {
     float* p;
-    long long sb, ss, sh;
+    int* turns;
+    int m_tiles;
 };
+
+// Where accumulator element e (0-3) of n-block j of thread tid of a consumer warpgroup goes in a
+// 64 x 64 chunk of a dQ tile: each warp's stores of a float4 are 512 contiguous bytes.
+__host__ __device__ constexpr int dq_tile_index(int j, int tid, int e) { return j * 512 + tid * 4 + e; }
 
 // dS^T's packed A operands (bf16 / f16 pairs; rows row and row + 8 of the warp, 16 queries a
 // k-step) into a swizzled [keys][64 queries] tile: dQ = dS K reads it MN-major.
@@ -163,8 +175,10 @@ __device__ __forceinline__ void store_ds_tile(unsigned char* tile, int row, cons
         }
 }
 
-// The dK/dV pass, and with FUSED dQ added into a float32 accumulator (the kernels below).
-template <class L, typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool FUSED>
+// The dK/dV pass, and with FUSED dQ added into a float32 accumulator (the kernels below),
+// ORDERED in the order of the key blocks.
+template <class L, typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool FUSED,
+          bool ORDERED = false>
 __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ lse, const float* __restrict__ delta,
                                                     T* __restrict__ dk, T* __restrict__ dv, long long dk_sb,
                                                     long long dk_ss, long long dk_sh, long long dv_sb, long long dv_ss,
@@ -208,7 +222,25 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     const int m_begin = first_query_tile<CAUSAL, BLOCK_M>(n0, causal_offset);
     const int m_tiles = m_begin < seqlen_q ? (seqlen_q - m_begin + BLOCK_M - 1) / BLOCK_M : 0;
     const int n_items = kb.group * m_tiles;
+    // Items run from the last query tile down: the blocks of one head that run together read the
+    // same Q and dO tiles about together, and ORDERED, one key block's turn at a tile comes right
+    // after the block before it has been there.
+    auto item_m0 = [&](int item) { return m_begin + (m_tiles - 1 - item % m_tiles) * BLOCK_M; };
 
+    // Fused: dq_full[2] (a dQ tile written: each consumer warp writing one arrives), dq_empty[2]
+    // (added to global memory: the dQ warp's arrival).
+    constexpr int DQ_WARPS = 4 * (D_CHUNKS < 2 ? D_CHUNKS : 2);  // (at most 2 chunks when FUSED)
+    unsigned long long* dq_full = nullptr;
+    unsigned long long* dq_empty = nullptr;
+    if constexpr (FUSED) {
+        dq_full = reinterpret_cast<unsigned long long*>(smem + L::dq_barriers);
+        dq_empty = dq_full + 2;
+        if (threadIdx.x == 0)
+            for (int i = 0; i < 2; ++i) {
+                mbarrier_init(&dq_full[i], DQ_WARPS);
+                mbarrier_init(&dq_empty[i], 1);
+            }
+    }
     // full: the TMA thread's arrival and the lse warp's 32.
     init_dkdv_barriers<STAGES, 33, NUM_WARPS>(bars);
 
@@ -226,7 +258,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             }
             for (int item = 0; item < n_items; ++item) {
                 const int stage = item % STAGES, round = item / STAGES;
-                const int hq = h_kv * kb.group + item / m_tiles, m0 = m_begin + item % m_tiles * BLOCK_M;
+                const int hq = h_kv * kb.group + item / m_tiles, m0 = item_m0(item);
                 if (round > 0) mbarrier_wait(&empty[stage], (round - 1) & 1);
                 mbarrier_expect_tx(&full[stage], 2 * L::QD_BYTES);
                 unsigned char* qs = smem + L::q_tiles + stage * L::QD_BYTES;
@@ -239,7 +271,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
         } else if (warp == NUM_WARPS + 1) {  // lse and delta of each query tile
             for (int item = 0; item < n_items; ++item) {
                 const int stage = item % STAGES, round = item / STAGES;
-                const int hq = h_kv * kb.group + item / m_tiles, m0 = m_begin + item % m_tiles * BLOCK_M;
+                const int hq = h_kv * kb.group + item / m_tiles, m0 = item_m0(item);
                 if (round > 0) mbarrier_wait(&empty[stage], (round - 1) & 1);
                 const long long row = ((long long)b * n_heads_q + hq) * seqlen_q + m0;
                 for (int i = lane; i < BLOCK_M; i += 32) {
@@ -248,6 +280,31 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                     delta_tiles[stage * BLOCK_M + i] = ok ? delta[row + i] : 0.0f;
                 }
                 mbarrier_arrive(&full[stage]);
+            }
+        } else if (FUSED && warp == NUM_WARPS + 2 && lane == 0) {
+            if constexpr (FUSED) {
+                // The dQ warp: each item's dQ tile added to the accumulator by the TMA, ORDERED
+                // after the key blocks before this one have added theirs.
+                for (int item = 0; item < n_items; ++item) {
+                    const int buf = item % 2;
+                    const int hq = h_kv * kb.group + item / m_tiles;
+                    const long long tile = (kb.b * n_heads_q + hq) * dq_accum.m_tiles + item_m0(item) / BLOCK_M;
+                    mbarrier_wait(&dq_full[buf], (item / 2) & 1);
+                    if constexpr (ORDERED)
+                        while (load_acquire(dq_accum.turns + tile) != n0 / BLOCK_N) {
+                        }
+                    bulk_reduce_add_f32(dq_accum.p + tile * (L::DQ_BYTES / 4), smem + L::dq_tiles + buf * L::DQ_BYTES,
+                                        L::DQ_BYTES);
+                    bulk_commit();
+                    if constexpr (ORDERED) {
+                        bulk_wait<0, false>();
+                        red_release_add(dq_accum.turns + tile, 1);
+                    } else {
+                        bulk_wait<0, true>();
+                    }
+                    mbarrier_arrive(&dq_empty[buf]);
+                }
+                bulk_wait<0, false>();
             }
         }
         return;
@@ -287,7 +344,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     }
     for (int item = 0; item < n_items; ++item) {
         const int stage = item % STAGES;
-        const int m0 = m_begin + item % m_tiles * BLOCK_M;
+        const int m0 = item_m0(item);
         const unsigned q_addr = wg_smem_addr(smem + L::q_tiles + stage * L::QD_BYTES);
         const unsigned do_addr = wg_smem_addr(smem + L::do_tiles + stage * L::QD_BYTES);
         const float* lse_s = lse_tiles + stage * BLOCK_M;
@@ -396,15 +453,17 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                     issue_dk();
                     wgmma_wait<1>();
                     fence_operand(dq_acc);
-                    const int hq = h_kv * kb.group + item / m_tiles;
-                    float* rows = dq_accum.p + kb.b * dq_accum.sb + hq * dq_accum.sh;
-                    for_each_pair(dq_acc, m0 + (warp % 4) * 16, seqlen_q, dq_chunk * 64, head_dim, lane,
-                                  [&](int r, int c, float x0, float x1) {
-                                      asm volatile(
-                                          "red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(rows + r * dq_accum.ss + c),
-                                          "f"(x0), "f"(x1)
-                                          : "memory");
-                                  });
+                    // Into dQ tile item % 2 once the dQ warp has added what was there.
+                    const int buf = item % 2;
+                    if (item >= 2) mbarrier_wait(&dq_empty[buf], (item / 2 - 1) & 1);
+                    float* dq_tile = reinterpret_cast<float*>(smem + L::dq_tiles + buf * L::DQ_BYTES) + dq_chunk * 4096;
+                    const int tid = threadIdx.x % 128;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j)
+                        *reinterpret_cast<float4*>(dq_tile + dq_tile_index(j, tid, 0)) =
+                            make_float4(dq_acc[j][0], dq_acc[j][1], dq_acc[j][2], dq_acc[j][3]);
+                    fence_proxy_async();
+                    mbarrier_arrive_warp(&dq_full[buf]);
                 } else {
                     named_barrier_arrive(DS_READY + item % 2, CONSUMERS);
                     issue_dk();
@@ -469,38 +528,44 @@ __launch_bounds__(NUM_WARPS * 32 + 128, 1)
                                                                                  DqAccumulator{});
 }
 
-// dK, dV and dQ in one pass (deterministic=False): dQ's products added to dq_accum, a float32
-// (B, Sq, Hq, D) array of zeros, in whatever order blocks finish; attn_bwd_dq_convert then
-// scales and rounds it into dq.
-template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
+// dK, dV and dQ in one pass: each query tile's dQ products added to dq_accum (zeros, tiles of
+// DqAccumulator's order, m_tiles 64-row tiles a head) by the TMA; ORDERED (bitwise
+// reproducible), in the order of the key blocks, counted in dq_turns (zeros, one a tile), else
+// in whatever order blocks get there. attn_bwd_dq_convert then scales and rounds it into dq.
+template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool ORDERED>
 __global__ void __launch_bounds__(NUM_WARPS * 32 + 128, 1)
-    attn_bwd_fused_wgmma_half(CUPYATTN_BWD_DKDV_WGMMA_HALF_PARAMS, float* __restrict__ dq_accum, long long dqa_sb,
-                              long long dqa_ss, long long dqa_sh) {
+    attn_bwd_fused_wgmma_half(CUPYATTN_BWD_DKDV_WGMMA_HALF_PARAMS, float* __restrict__ dq_accum,
+                              int* __restrict__ dq_turns, int m_tiles) {
     using L = BwdFusedWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
-    bwd_dkdv_wgmma_half<L, T, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, true>(
-        CUPYATTN_BWD_DKDV_WGMMA_HALF_ARGS, DqAccumulator{dq_accum, dqa_sb, dqa_ss, dqa_sh});
+    bwd_dkdv_wgmma_half<L, T, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, true, ORDERED>(
+        CUPYATTN_BWD_DKDV_WGMMA_HALF_ARGS, DqAccumulator{dq_accum, dq_turns, m_tiles});
 }
 
 #undef CUPYATTN_BWD_DKDV_WGMMA_HALF_PARAMS
 #undef CUPYATTN_BWD_DKDV_WGMMA_HALF_ARGS
 
-// dq = scale * dq_accum rounded to T: dq_accum the fused pass's contiguous float32 (B, Sq,
-// Hq, D) array, dq (b, s, h) strided with its last dimension contiguous; four columns a
-// thread (head_dim % 8 == 0).
+// dq = scale * dq_accum rounded to T: dq_accum the fused pass's float32 tiles (B, Hq, m_tiles,
+// d_chunks, 64 x 64 in dq_tile_index order), dq (b, s, h) strided with its last dimension
+// contiguous. A thread a float4: columns c, c + 1 of rows r and r + 8.
 template <typename T, int NUM_WARPS>
 __global__ void __launch_bounds__(NUM_WARPS * 32)
     attn_bwd_dq_convert(const float* __restrict__ dq_accum, T* __restrict__ dq, long long dq_sb, long long dq_ss,
-                        long long dq_sh, int n_heads_q, int seqlen_q, int head_dim, float scale, long long quads) {
+                        long long dq_sh, int n_heads_q, int seqlen_q, int head_dim, int d_chunks, float scale,
+                        long long quads) {
     const long long i = (long long)blockIdx.x * (NUM_WARPS * 32) + threadIdx.x;
     if (i >= quads) return;
-    const long long e = i * 4, row = e / head_dim;  // row: (b, s, h)
-    const int d = (int)(e - row * head_dim), h = (int)(row % n_heads_q);
-    const long long bs = row / n_heads_q, b = bs / seqlen_q;
-    const int s = (int)(bs - b * seqlen_q);
-    const float4 x = *reinterpret_cast<const float4*>(dq_accum + e);
-    unsigned* dst = reinterpret_cast<unsigned*>(dq + b * dq_sb + s * dq_ss + h * dq_sh + d);
-    dst[0] = HalfOps<T>::pack(x.x * scale, x.y * scale);
-    dst[1] = HalfOps<T>::pack(x.z * scale, x.w * scale);
+    const int per_tile = d_chunks * 1024, m_tiles = (seqlen_q + 63) / 64;
+    const long long tile = i / per_tile, bh = tile / m_tiles;
+    const int within = (int)(i - tile * per_tile);
+    const int chunk = within / 1024, j = within % 1024 / 128, tid = within % 128;
+    const int lane = tid % 32, r = (int)(tile - bh * m_tiles) * 64 + tid / 32 * 16 + lane / 4;
+    const int c = chunk * 64 + j * 8 + 2 * (lane % 4);
+    if (c >= head_dim) return;
+    const float4 x = *reinterpret_cast<const float4*>(dq_accum + i * 4);
+    T* rows = dq + bh / n_heads_q * dq_sb + bh % n_heads_q * dq_sh + c;
+    if (r < seqlen_q) *reinterpret_cast<unsigned*>(rows + r * dq_ss) = HalfOps<T>::pack(x.x * scale, x.y * scale);
+    if (r + 8 < seqlen_q)
+        *reinterpret_cast<unsigned*>(rows + (r + 8) * dq_ss) = HalfOps<T>::pack(x.z * scale, x.w * scale);
 }
 
 template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>

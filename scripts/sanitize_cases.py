@@ -154,14 +154,12 @@ def _wgmma_half(rng) -> int:
     """The sm_90a float16 / bfloat16 wgmma forward and backward passes (TMA-loaded tiles)
     wherever a case can take one of their kernels, mma.sync's tiles out of the way; longer
     cases add partial tiles past one block (keys no row sees, d_split 2 at 256); and the
-    fused backward (deterministic=False) wherever it is planned when allowed at every head dim."""
+    fused backward (deterministic or not) wherever it is planned when allowed at every head dim."""
     if current_device().compute_capability != (9, 0):
         return 0
     policy = Policy(families={"wgmma_half", "simt"})
-    fused = Policy(
-        families={"wgmma_half", "simt", "fused"},
-        fused_where={(m, d) for m in ("fp16", "bf16") for d in range(16, 257, 16)},
-    )
+    everywhere = {(m, d) for m in ("fp16", "bf16") for d in range(16, 257, 16)}
+    fused = Policy(families={"wgmma_half", "simt", "fused"}, fused_where=everywhere, ordered_fused_where=everywhere)
     extra = [(1, 130, 200, 2, 1, 64, True), (2, 100, 70, 4, 2, 128, False), (1, 129, 129, 2, 2, 256, "top_left")]
     n = 0
     for dtype in ("float16", "bfloat16"):
@@ -179,11 +177,15 @@ def _wgmma_half(rng) -> int:
             out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True, policy=policy)
             cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, policy=policy)
             n += 1
-            nondeterministic = AttentionProblem(dtype, D, D, causal, B, Hq, Hkv, Sq, Sk, deterministic=False)
-            if plan_backward(nondeterministic, current_device(), policy=fused).dq is None:
-                _case("wgmma_half fused backward", dtype, (B, Sq, Sk, Hq, Hkv, D, causal))
-                cupyattn.attention_backward(do, q, k, v, out, lse, causal=causal, deterministic=False, policy=fused)
-                n += 1
+            for deterministic in (False, True):
+                problem = AttentionProblem(dtype, D, D, causal, B, Hq, Hkv, Sq, Sk, deterministic=deterministic)
+                if plan_backward(problem, current_device(), policy=fused).dq is None:
+                    shape = (B, Sq, Sk, Hq, Hkv, D, causal)
+                    _case(f"wgmma_half fused backward, deterministic={deterministic}", dtype, shape)
+                    cupyattn.attention_backward(
+                        do, q, k, v, out, lse, causal=causal, deterministic=deterministic, policy=fused
+                    )
+                    n += 1
     return n
 
 

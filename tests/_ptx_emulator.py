@@ -30,7 +30,9 @@ expect_tx), elect.sync, vote.sync.any, float32 add, sub, mul, fma and reciprocal
 even as the GPU rounds them (no flush to zero), max, min, comparisons, int to float,
 TF32 rounding (cvt.rna.tf32.f32), float16 and bfloat16 conversions to and from float32
 (nearest even; exact), float32 atomic adds to global memory (in the order the threads
-run); wgmma.mma_async m64nNk8 TF32 and m64nNk16 float16 / bfloat16 (operands from
+run) and bulk reductions into it (cp.reduce.async.bulk .add.f32, done at once), integer
+adds to global counters (red.global.add: blocks run in turn, so an acquire load sees
+those of the blocks before); wgmma.mma_async m64nNk8 TF32 and m64nNk16 float16 / bfloat16 (operands from
 shared memory through their descriptors - no swizzle, K-major, as wgmma.cuh's core
 matrices, or the 128-byte swizzle, K-major or MN-major, the swizzle on absolute
 addresses as the hardware does - or A from registers; TF32 operands' top 19 bits;
@@ -703,6 +705,15 @@ class _Grid:
             return self._decode_float_compare(op, ops, nxt)
         if name in ("atom", "red") and re.fullmatch(r"(atom|red)\.global\.add(\.v[24])?\.f32", op):
             return self._decode_float_add_to_global(name, op, ops, nxt)
+        if re.fullmatch(r"red(\.release)?(\.gpu)?\.global\.add\.[su]32", op):  # (blocks run in turn: ordered)
+            address, value = self._address(ops[0]), self._operand(ops[1])
+
+            def add(regs):
+                at, t = address(regs), regs["%tid.x"]
+                self.store(t, "global", at, 4, (self.load(t, "global", at, 4) + value(regs)) & 0xFFFFFFFF)
+                return nxt
+
+            return add
         if re.search(r"\.(sat|cc|ftz|rz|rm|rp|rni|approx|full)\b", op) or name == "mad" and ".hi" in op:
             raise NotImplementedError(op)  # (saturation, carries, flushes, other roundings)
         if re.search(r"\.f(16|64)\b", op) or name == "setp" and ".f32" in op:
@@ -1123,6 +1134,22 @@ class _Grid:
             return lambda regs: nxt
         if op.startswith("cp.async.bulk.tensor."):
             return self._decode_tensor_copy(op, ops, nxt)
+        if op == "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32":
+            dst, src, size = self._address(ops[0]), self._address(ops[1]), self._operand(ops[2])
+
+            def bulk_reduce(regs):  # done at once; its reads of shared memory end at its wait_group(.read)
+                t, n, at = regs["%tid.x"], size(regs), src(regs) % _SHARED_WINDOW
+                if n % 16 or at % 16:
+                    raise ValueError(f"bulk reduction of {n} bytes from shared byte {at}: not 16-byte multiples")
+                read = _AsyncRead(list(range(at // 4, (at + n) // 4)), "a bulk reduction")
+                self._async_reads(self.clocks[t], read)
+                self.bulk_groups[t][-1].append(read)
+                mem, where, _ = self._where("global", dst(regs), n)
+                total = mem[where : where + n].view(np.float32) + self.shared[at : at + n].view(np.float32)
+                mem[where : where + n] = total.astype(np.float32).view(np.uint8)
+                return nxt
+
+            return bulk_reduce
         if op == "cp.async.bulk.commit_group":
             return lambda regs: self.bulk_groups[regs["%tid.x"]].append([]) or nxt
         if re.fullmatch(r"cp\.async\.bulk\.wait_group(\.read)?", op):  # (stores are done at once: .read or not)

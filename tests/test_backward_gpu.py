@@ -166,6 +166,60 @@ def test_deterministic_backward_is_bitwise_reproducible(D):
     )
 
 
+def _fused_half_policy(dtype, D, ordered):
+    """A policy that plans the float16 / bfloat16 fused pass at head dim D (``ordered``: its
+    deterministic form), checked to be what the planner then gives on this GPU."""
+    from cupyattn import plan as P
+    from cupyattn.device import current_device
+
+    if current_device().compute_capability != (9, 0):
+        pytest.skip("the fused pass runs on sm_90")
+    where = {("bf16" if dtype == "bfloat16" else "fp16", P.mma_head_dim_pad(D))}
+    policy = P.Policy(fused_where=where if not ordered else (), ordered_fused_where=where if ordered else ())
+    problem = P.AttentionProblem(dtype, D, D, True, 1, 4, 2, 300, 300, deterministic=ordered)
+    cfg = P.plan_backward(problem, current_device(), policy).dkdv.config
+    assert isinstance(cfg, P.BwdFusedWgmmaHalfConfig) and cfg.ordered == ordered
+    return policy
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+@pytest.mark.parametrize("causal", [False, True, "top_left"])
+@pytest.mark.parametrize("dtype,D", [("bfloat16", 64), ("float16", 80), ("bfloat16", 128)])
+def test_fused_half_backward_matches_reference(dtype, D, causal, ordered):
+    """The float16 / bfloat16 fused pass (dQ tiles added by the TMA's bulk reduction;
+    ordered: each key block in its turn, deterministic=True) on GQA 4:2 with odd lengths,
+    Sq < Sk and Sq > Sk, strided inputs, poisoned gradients."""
+    policy = _fused_half_policy(dtype, D, ordered)
+    for Sq, Sk in ((333, 517), (517, 200)):
+        run_backward_and_check(
+            B=2,
+            Sq=Sq,
+            Sk=Sk,
+            Hq=4,
+            Hkv=2,
+            D=D,
+            Dv=D,
+            dtype=dtype,
+            causal=causal,
+            strided=True,
+            seed=Sq + D,
+            deterministic=ordered,
+            policy=policy,
+        )
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_ordered_fused_half_backward_is_bitwise_reproducible(D):
+    """The deterministic fused pass: 9 key blocks add to each query tile's dQ, in their
+    turn, so that every call gives the same bits."""
+    policy = _fused_half_policy("bfloat16", D, True)
+    (_, _, _, _), (q, k, v, dout) = _inputs(2, 1100, 1100, 4, 2, D, D, "bfloat16", "bshd", False, 5)
+    out, lse = cupyattn.attention(q, k, v, return_lse=True)
+    _same_bits_call_after_call(
+        lambda: cupyattn.attention_backward(dout, q, k, v, out, lse, deterministic=True, policy=policy), 30, np.uint16
+    )
+
+
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
 def test_float32_backward_on_tensor_cores_is_bitwise_reproducible(precision):
     """As the float16 case, for float32's tensor-core passes (on an sm_90 GPU the wgmma dK/dV

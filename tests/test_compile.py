@@ -340,7 +340,7 @@ def test_tensor_core_sass_has_hmma_and_no_local_memory(arch, device, dtype, prec
     if kernel == "forward":
         cfg = plan_forward(problem, spec).config
     else:
-        bplan = plan_backward(problem, spec)
+        bplan = plan_backward(problem, spec, Policy(ordered_fused_where=()))  # (the two passes: the fused one's below)
         cfg = (bplan.dkdv if kernel == "dkdv" else bplan.dq).config
     # "fp32" at 256: every 3xTF32 mma.sync tile spills (FFMA), but on sm_90 the wgmma kernels
     # fit (dQ with Q and dO as float32 words, dK/dV with K and V so and its ring).
@@ -651,21 +651,37 @@ def test_wgmma_half_forward_with_and_without_ping_pong_keeps_its_wgmmas_asynchro
             assert report.spills == 0 and "C7514" not in report.log and "C7517" not in report.log, report.log
 
 
-WGMMA_HALF_BACKWARD_PLANNED = _planned(BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig)  # its two backward passes
+# Its two backward passes, as planned where the fused pass is not (up to head dim 128 it is).
+WGMMA_HALF_BACKWARD_PLANNED = sorted(
+    (
+        c
+        for c in planned_configs(
+            named_device("h100"),
+            range(8, 257, 8),
+            ("float16", "bfloat16"),
+            causals=(False, True),
+            policy=Policy(ordered_fused_where=()),
+        ).values()
+        if isinstance(c, (BwdDkdvWgmmaHalfConfig, BwdDqWgmmaHalfConfig))
+    ),
+    key=lambda c: c.name_expression,
+)
 
 
 def _fused_half_planned() -> list:
-    """The fused float16 / bfloat16 backward passes planned on an H100 (deterministic=False)
-    at every head dim the tensor cores take, with the policy asking for them everywhere."""
-    everywhere = Policy(fused_where={(p, d) for p in ("fp16", "bf16") for d in range(16, 257, 16)})
+    """The fused float16 / bfloat16 backward passes planned on an H100 (deterministic and
+    not) at every head dim the tensor cores take, with the policy asking for them everywhere."""
+    where = {(p, d) for p in ("fp16", "bf16") for d in range(16, 257, 16)}
+    everywhere = Policy(fused_where=where, ordered_fused_where=where)
     configs = {}
     for d in range(8, 257, 8):
         for dtype in ("float16", "bfloat16"):
             for causal in (False, True):
-                problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096, deterministic=False)
-                bwd = plan_backward(problem, named_device("h100"), everywhere)
-                if bwd.dq is None:
-                    configs[bwd.dkdv.config.name_expression] = bwd.dkdv.config
+                for deterministic in (False, True):
+                    problem = AttentionProblem(dtype, d, d, causal, 4, 16, 16, 4096, 4096, deterministic=deterministic)
+                    bwd = plan_backward(problem, named_device("h100"), everywhere)
+                    if bwd.dq is None:
+                        configs[bwd.dkdv.config.name_expression] = bwd.dkdv.config
     return sorted(configs.values(), key=lambda c: c.name_expression)
 
 
@@ -675,13 +691,15 @@ FUSED_HALF_PLANNED = _fused_half_planned()
 def test_fused_half_backward_is_planned_up_to_head_dim_128():
     assert all(isinstance(c, BwdFusedWgmmaHalfConfig) for c in FUSED_HALF_PLANNED)
     assert {c.head_dim_pad for c in FUSED_HALF_PLANNED} == set(range(16, 129, 16))
-    assert len(FUSED_HALF_PLANNED) == 8 * 2 * 2
+    assert len(FUSED_HALF_PLANNED) == 8 * 2 * 2 * 2
+    assert {c.ordered for c in FUSED_HALF_PLANNED} == {False, True}
 
 
 @pytest.mark.parametrize("config", FUSED_HALF_PLANNED, ids=[c.name_expression for c in FUSED_HALF_PLANNED])
 def test_planned_fused_half_backward_compiles_without_spills(config):
     """No spills, no serialized wgmmas (each dQ branch issues and waits whole), and in SASS:
-    dQ's SS wgmmas (64 wide over the 128 keys), vector float32 reductions to global memory."""
+    dQ's SS wgmmas (64 wide over the 128 keys), the TMA's float32 bulk reduction to global
+    memory; ordered, the turn counter's acquire loads and release adds."""
     report = cc.compile_only(config, "sm_90")
     assert report.spills == 0 and report.stack_bytes == 0, (config.name_expression, report.registers, report.spills)
     assert "C7514" not in report.log and "C7517" not in report.log, report.log
@@ -692,7 +710,9 @@ def test_planned_fused_half_backward_compiles_without_spills(config):
     _check_wgmma_half_backward_sass(config, text)
     kind = ".BF16" if config.dtype == "bfloat16" else ""
     assert text.count(f"HGMMA.64x64x16.F32{kind} ") >= config.block_n // 16
-    assert "REDG.E.ADD.F32x2" in text
+    assert "UBLKRED.G.S.ADD.F32" in text
+    ordered = ("LDG.E.STRONG.GPU" in text, "REDG.E.ADD.S32.STRONG.GPU" in text)
+    assert ordered == (config.ordered, config.ordered)
 
 
 def test_wgmma_half_backward_is_planned_where_its_accumulators_fit():

@@ -388,10 +388,13 @@ def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk,
         ("bfloat16", 64, (64, 128, 8), (128, 64, 8), True, 200, 200),
         ("bfloat16", 72, (64, 128, 8), (128, 64, 8), "top_left", 70, 200),
         ("float16", 256, (64, 64, 8), (64, 64, 4), True, 65, 80),
-        # fused (dq_tile None): dQ chunks taking turns (64), one each (128, and 80 padded to 128)
-        ("bfloat16", 64, (64, 128, 8), None, True, 200, 200),
-        ("float16", 128, (64, 128, 8), None, "top_left", 70, 200),
-        ("bfloat16", 72, (64, 128, 8), None, False, 130, 70),
+        # fused (dq_tile "fused" or "ordered"): dQ chunks taking turns (64), one each (128, and 80
+        # padded to 128)
+        ("bfloat16", 64, (64, 128, 8), "fused", True, 200, 200),
+        ("float16", 128, (64, 128, 8), "fused", "top_left", 70, 200),
+        ("bfloat16", 72, (64, 128, 8), "fused", False, 130, 70),
+        ("bfloat16", 64, (64, 128, 8), "ordered", False, 200, 300),
+        ("float16", 128, (64, 128, 8), "ordered", True, 130, 200),
     ],
 )
 def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_tile, causal, Sq, Sk):
@@ -400,8 +403,9 @@ def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_
     GQA 2:1 with partial query and key tiles, Sq != Sk, causal both ways (top-left: keys no
     row sees hold NaN, those in a dQ block's last tile zeroed; fused, zeroed in K): no
     deadlock, no race, no shared word read before it is written, FlashAttention's tolerance
-    against the float64 reference. dq_tile None: the fused pass (deterministic=False; dS^T
-    through shared memory, dQ added to a float32 accumulator) and attn_bwd_dq_convert."""
+    against the float64 reference. dq_tile "fused" / "ordered": the fused pass (dS^T and dQ
+    through shared memory, dQ added to a float32 accumulator by bulk reductions, "ordered" in
+    the key blocks' turn) and attn_bwd_dq_convert."""
     from cupyattn import testing
     from cupyattn.plan import BwdDkdvWgmmaHalfConfig, BwdDqConvertConfig, BwdDqWgmmaHalfConfig, BwdFusedWgmmaHalfConfig
     from cupyattn.reference import attention_backward_reference, attention_reference, causal_offset
@@ -410,9 +414,11 @@ def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_
         pytest.importorskip("ml_dtypes")
     precision = "bf16" if dtype == "bfloat16" else "fp16"
     d_pad = (D + 15) // 16 * 16
-    fused = dq_tile is None
-    dkdv = (BwdFusedWgmmaHalfConfig if fused else BwdDkdvWgmmaHalfConfig)(
-        dtype, precision, d_pad, *dkdv_tile, bool(causal)
+    fused = dq_tile in ("fused", "ordered")
+    dkdv = (
+        BwdFusedWgmmaHalfConfig(dtype, precision, d_pad, *dkdv_tile, bool(causal), dq_tile == "ordered")
+        if fused
+        else BwdDkdvWgmmaHalfConfig(dtype, precision, d_pad, *dkdv_tile, bool(causal))
     )
     dq_cfg = None if fused else BwdDqWgmmaHalfConfig(dtype, precision, d_pad, *dq_tile, bool(causal))
     assert dkdv.valid and (fused or dq_cfg.valid)
@@ -443,11 +449,17 @@ def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_
     args = [*inputs, dk, dv, *strides, *_strides(dk), *_strides(dv), *sizes, np.int32(n_tiles), *tail, maps(dkdv)]
     dq = _half_array(np.full((B, Sq, Hq, D), np.nan, np.float32), dtype)
     if fused:
-        accum = np.zeros((B, Sq, Hq, D), np.float32)
-        _run(dkdv, n_tiles * B * Hkv, [*args, accum, *_strides(accum)], dkdv.layout.total)
+        m_tiles = -(-Sq // 64)
+        accum = np.zeros((B, Hq, m_tiles, dkdv.d_chunks * 64 * 64), np.float32)
+        turns = np.zeros((B, Hq, m_tiles), np.int32)
+        _run(dkdv, n_tiles * B * Hkv, [*args, accum, turns, np.int32(m_tiles)], dkdv.layout.total)
+        if dkdv.ordered:  # every key block took its turn at each query tile with a row that sees it
+            firsts = [max(0, n * dkdv.block_n - offset) // 64 if causal else 0 for n in range(n_tiles)]
+            assert (turns == [sum(f <= m for f in firsts) for m in range(m_tiles)]).all(), turns
         convert = BwdDqConvertConfig(dtype)
         quads = accum.size // 4
-        args = [accum, dq, *_strides(dq), np.int32(Hq), np.int32(Sq), np.int32(D), scale, np.int64(quads)]
+        args = [accum, dq, *_strides(dq), np.int32(Hq), np.int32(Sq), np.int32(D), np.int32(dkdv.d_chunks), scale]
+        args.append(np.int64(quads))
         _run(convert, -(-quads // convert.threads), args, 0)
     else:
         _run(dkdv, n_tiles * B * Hkv, args, dkdv.layout.total)

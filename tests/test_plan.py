@@ -211,9 +211,11 @@ def test_tensor_core_backward_is_chosen_only_where_it_can_run():
         plan_backward,
     )
 
+    two_passes = Policy(ordered_fused_where=())  # (the fused pass has its own tests)
+
     def cfgs(dtype="float16", d=128, dv=None, device="h100", aligned=True):
         problem = AttentionProblem(dtype, d, dv or d, True, 4, 16, 16, 4096, 4096, aligned=aligned)
-        bplan = plan_backward(problem, named_device(device))
+        bplan = plan_backward(problem, named_device(device), two_passes)
         return bplan.dkdv.config, bplan.dq.config
 
     for d in (64, 128, 256):
@@ -505,7 +507,7 @@ def test_wgmma_backward_is_planned_on_sm_90_for_float32_tf32_modes_where_it_meas
         problem = AttentionProblem(
             dtype, d, d, causal, batch, 16, 16, seqlen, seqlen, precision=(precision,) if dtype == "float32" else ()
         )
-        bwd = plan_backward(problem, named_device(device))
+        bwd = plan_backward(problem, named_device(device), Policy(ordered_fused_where=()))  # (the two passes)
         return bwd.dkdv.config, bwd.dq.config
 
     def tiles(cfgs):
@@ -720,11 +722,14 @@ def test_fused_backward_is_planned_only_when_the_caller_gives_up_determinism_on_
     assert bwd("tf32", 64, device="a100").dq is not None and bwd("tf32", 64, device="h100").dq is None
     assert bwd("tf32", 64, seqlen=512).dq is not None
     assert bwd("tf32", 64, seqlen=2048, causal=True).dq is None
-    # Half-precision-staged modes never take it; float16 inputs take their own at head dim 64.
+    # Half-precision-staged modes never take it; float16 inputs take their own up to head dim
+    # 128, deterministic (dQ in the key blocks' order) and not.
     assert bwd("bf16", 64).dq is not None
-    problem = AttentionProblem("float16", 64, 64, False, 4, 16, 16, 4096, 4096, deterministic=False)
-    assert isinstance(plan_backward(problem, named_device("h200")).dkdv.config, BwdFusedWgmmaHalfConfig)
-    problem = AttentionProblem("float16", 128, 128, False, 4, 16, 16, 4096, 4096, deterministic=False)
+    for d, deterministic in ((64, False), (128, False), (128, True)):
+        problem = AttentionProblem("float16", d, d, False, 4, 16, 16, 4096, 4096, deterministic=deterministic)
+        cfg = plan_backward(problem, named_device("h200")).dkdv.config
+        assert isinstance(cfg, BwdFusedWgmmaHalfConfig) and cfg.ordered == deterministic
+    problem = AttentionProblem("float16", 192, 192, False, 4, 16, 16, 4096, 4096, deterministic=False)
     assert plan_backward(problem, named_device("h200")).dq is not None
 
 
@@ -743,12 +748,12 @@ def test_fused_half_backward_is_planned_where_the_policy_has_it_with_a_convert_l
         assert isinstance(plan.dkdv.config, BwdFusedWgmmaHalfConfig) and plan.dq is None
         assert plan.dq_convert == BwdDqConvertConfig("bfloat16") and plan.delta is not None
         text = plan.describe()
-        assert "attn_bwd_dq_convert" in text and "ds_tiles" in text
-        assert "a float32 accumulator (then scaled and rounded into dq) by float32 atomics" in plan.dkdv.reason
+        assert "attn_bwd_dq_convert" in text and "ds_tiles" in text and "dq_tiles" in text
+        assert "dQ added to a float32 accumulator in any order, not bitwise reproducible" in plan.dkdv.reason
     assert isinstance(bwd(128, where, dtype="float16").dkdv.config, BwdFusedWgmmaHalfConfig)
     # Not where its dK, dV and dQ chunk outgrow a warpgroup's registers (head dims past 128),
     # where TMA maps cannot describe the inputs, without the wgmma_half or fused family,
-    # deterministic, or off sm_90.
+    # deterministic unless the policy's ordered_fused_where has it, or off sm_90.
     two = bwd(192, where)
     assert two.dq is not None and two.dq_convert is None
     assert bwd(128, where, tma=False).dq is not None
@@ -756,22 +761,25 @@ def test_fused_half_backward_is_planned_where_the_policy_has_it_with_a_convert_l
     only_half = Policy(families={"wgmma_half", "mma", "simt"}, fused_where=where.fused_where)
     assert isinstance(bwd(128, only_half).dkdv.config, BwdDkdvWgmmaHalfConfig)
     problem = AttentionProblem("bfloat16", 128, 128, True, 4, 16, 16, 4096, 4096)  # deterministic
-    assert plan_backward(problem, h100, where).dq is not None
+    assert plan_backward(problem, h100, Policy(fused_where=where.fused_where, ordered_fused_where=())).dq is not None
+    ordered = plan_backward(problem, h100, Policy(ordered_fused_where={("bf16", 128)})).dkdv
+    assert ordered.config.ordered and "each key block adds its dQ to a float32 accumulator in turn" in ordered.reason
     assert bwd(128, where, device=named_device("a100")).dq is not None
 
 
-def test_fused_half_backward_layout_adds_two_swizzled_ds_tiles():
-    from cupyattn.plan import BwdDkdvWgmmaHalfConfig, BwdFusedWgmmaHalfConfig
+def test_fused_half_backward_layout_adds_two_swizzled_ds_tiles_and_two_dq_tiles():
+    from cupyattn.plan import SM90_SMEM_PER_BLOCK, BwdDkdvWgmmaHalfConfig, BwdFusedWgmmaHalfConfig
 
     for d in (64, 128):
         fused = BwdFusedWgmmaHalfConfig("bfloat16", "bf16", d, 64, 128, 8, False)
         base = BwdDkdvWgmmaHalfConfig("bfloat16", "bf16", d, 64, 128, 8, False)
         names = [b.name for b in base.layout]
-        assert [b.name for b in fused.layout] == [*names, "ds_tiles"]
+        assert [b.name for b in fused.layout] == [*names, "ds_tiles", "dq_tiles", "dq_barriers"]
         assert all(fused.layout[n].offset == base.layout[n].offset for n in names)
-        ds = fused.layout["ds_tiles"]
+        ds, dq = fused.layout["ds_tiles"], fused.layout["dq_tiles"]
         assert ds.shape == (2, 128, 64) and ds.offset % 1024 == 0 and ds.offset >= base.layout.total
-        assert fused.layout.total == ds.offset + 2 * 128 * 64 * 2
+        assert dq.shape == (2, d // 64, 64, 64) and dq.offset == ds.offset + 2 * 128 * 64 * 2
+        assert fused.layout.total == dq.offset + 2 * (d // 64) * 64 * 64 * 4 + 4 * 8 <= SM90_SMEM_PER_BLOCK
         assert fused.accumulators_per_lane == base.accumulators_per_lane <= 224
     assert not BwdFusedWgmmaHalfConfig("bfloat16", "bf16", 192, 64, 128, 8, False).valid  # three dQ chunks
     assert not BwdFusedWgmmaHalfConfig("bfloat16", "bf16", 64, 128, 128, 8, False).valid  # dS^T of 64 queries

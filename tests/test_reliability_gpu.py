@@ -464,12 +464,13 @@ def test_causal_grids_of_several_head_groups_match_the_reference(path, causal):
     run_backward_and_check(**shape, deterministic=deterministic)
 
 
+@pytest.mark.parametrize("ordered", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
-def test_fused_half_backward_keeps_nan_in_keys_no_query_may_see_out_of_dq(D):
-    """deterministic=False in bfloat16 (attn_bwd_fused_wgmma_half, whose dQ = dS K
-    multiplies every key of a block by dS, 0 where unseen): top_left causal with Sk > Sq,
-    NaN keys and inf/NaN values from Sq on leave dk, dv bitwise and dq (float32 atomics,
-    order free) finite and equal to within rounding to the run with clean ones."""
+def test_fused_half_backward_keeps_nan_in_keys_no_query_may_see_out_of_dq(D, ordered):
+    """The bfloat16 fused pass (attn_bwd_fused_wgmma_half, whose dQ = dS K multiplies every
+    key of a block by dS, 0 where unseen; ordered: deterministic=True): top_left causal with
+    Sk > Sq, NaN keys and inf/NaN values from Sq on leave dk, dv bitwise and dq (ordered:
+    bitwise too) finite and equal to within rounding to the run with clean ones."""
     import cupy
 
     from cupyattn import plan as P
@@ -477,16 +478,18 @@ def test_fused_half_backward_keeps_nan_in_keys_no_query_may_see_out_of_dq(D):
 
     if current_device().compute_capability != (9, 0):
         pytest.skip("the fused pass runs on sm_90")
-    policy = P.Policy(fused_where={("bf16", D)})
+    where = {("bf16", D)}
+    policy = P.Policy(fused_where=where if not ordered else (), ordered_fused_where=where if ordered else ())
     B, Sq, Sk, H = 2, 70, 300, 3
-    problem = P.AttentionProblem("bfloat16", D, D, True, B, H, H, Sq, Sk, deterministic=False)
-    assert isinstance(P.plan_backward(problem, current_device(), policy).dkdv.config, P.BwdFusedWgmmaHalfConfig)
+    problem = P.AttentionProblem("bfloat16", D, D, True, B, H, H, Sq, Sk, deterministic=ordered)
+    cfg = P.plan_backward(problem, current_device(), policy).dkdv.config
+    assert isinstance(cfg, P.BwdFusedWgmmaHalfConfig) and cfg.ordered == ordered
     _, (q, k, v, dout) = _inputs([(B, Sq, H, D), (B, Sk, H, D), (B, Sk, H, D), (B, Sq, H, D)], "bfloat16", 11)
 
     def grads(k, v):
         out, lse = cupyattn.attention(q, k, v, causal="top_left", return_lse=True)
         return cupyattn.attention_backward(
-            dout, q, k, v, out, lse, causal="top_left", deterministic=False, policy=policy
+            dout, q, k, v, out, lse, causal="top_left", deterministic=ordered, policy=policy
         )
 
     clean = grads(k, v)
@@ -495,6 +498,8 @@ def test_fused_half_backward_keeps_nan_in_keys_no_query_may_see_out_of_dq(D):
     testing.poison(v2[:, Sq::2])
     v2[:, Sq + 1 :: 2].view(cupy.uint16).fill(0x7F80)  # bfloat16 inf
     dq, dk, dv = grads(k2, v2)
+    if ordered:
+        _assert_bitwise_equal([_bits(dq)], [_bits(clean[0])], names=("dq",))
     _assert_bitwise_equal([_bits(dk), _bits(dv)], [_bits(clean[1]), _bits(clean[2])], names=("dk", "dv"))
     dq32, clean32 = testing.to_host(dq), testing.to_host(clean[0])
     assert np.isfinite(dq32).all(), "NaN or inf in keys no query sees reached dq"

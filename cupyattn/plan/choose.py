@@ -356,8 +356,10 @@ def _delta_launch(problem: AttentionProblem, dkdv: Plan) -> BwdDeltaConfig | Non
 @functools.lru_cache(maxsize=4096)
 def plan_backward(problem: AttentionProblem, device: DeviceSpec, policy: Policy | None = None) -> BackwardPlan:
     """The backward configurations: the dK/dV pass tiles keys, the dQ pass query rows;
-    each is chosen as ``plan_forward`` chooses, from its own candidates; with
-    ``deterministic=False``, one fused pass where the policy's fused_where has it."""
+    each is chosen as ``plan_forward`` chooses, from its own candidates; or one fused pass
+    where the policy has it: with ``deterministic=False`` where its fused_where does, with
+    ``deterministic=True`` (dQ added in the key blocks' order) where its ordered_fused_where
+    does."""
     policy = resolve_policy(policy)
     max_m, max_n = _next_pow2_at_least_8(problem.seqlen_q), _next_pow2_at_least_8(problem.seqlen_k)
     dkdv_simt = _simt_candidates(BwdDkdvSimtConfig, "bwd_dkdv_simt", problem, 64, max_n, policy)
@@ -372,7 +374,7 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec, policy: Policy 
     # (the float16 / bfloat16 wgmma passes go first at every length, the float32 ones from a
     # length on: _backward_families)
     long_enough = half or seen_q >= policy.wgmma_backward_min_rows_at(d_pad)
-    if not problem.deterministic and policy.allows("fused") and long_enough:
+    if policy.allows("fused") and long_enough:
         fused = _plan_fused(problem, device, max_m, max_n, dkdv_blocks, policy)
         if fused is not None:
             convert = BwdDqConvertConfig(problem.dtype) if half else None
@@ -406,13 +408,17 @@ def plan_backward(problem: AttentionProblem, device: DeviceSpec, policy: Policy 
 def _plan_fused(
     problem: AttentionProblem, device: DeviceSpec, max_m: int, max_n: int, num_blocks, policy: Policy
 ) -> Plan | None:
-    """The fused dK/dV/dQ pass in the first allowed precision mode, if a tile of it fits
-    the device (none off sm_90, nor for float16 / bfloat16 inputs TMA maps cannot describe
-    or that the policy keeps off the wgmma_half family), else None."""
+    """The fused dK/dV/dQ pass in the first allowed precision mode, if the policy has it at
+    this head dim for the problem's determinism and a tile of it fits the device (none off
+    sm_90, nor for float16 / bfloat16 inputs TMA maps cannot describe or that the policy
+    keeps off the wgmma_half family; deterministic, float16 / bfloat16 only), else None."""
     where = (problem.precision[0], mma_head_dim_pad(problem.head_dim))
-    if where not in policy.fused_where:
+    ordered = problem.deterministic
+    if where not in (policy.ordered_fused_where if ordered else policy.fused_where):
         return None
     if problem.dtype == "float32":
+        if ordered:
+            return None
         cls, key = BwdFusedWgmmaConfig, "bwd_fused_wgmma"
     elif problem.tma and policy.allows("wgmma_half"):
         cls, key = BwdFusedWgmmaHalfConfig, "bwd_fused_wgmma_half"
@@ -427,20 +433,25 @@ def _plan_fused(
         max_n,
         problem.precision[0],
     )
+    if ordered:
+        found = [dataclasses.replace(cfg, ordered=True) for cfg in found]
     if not any(cfg.layout.total <= device.smem_per_block_optin for cfg in found):
         return None
     plan = _choose("backward dK/dV/dQ", found, problem, device, num_blocks, skipped)
+    table = "BWD_ORDERED_FUSED_WHERE_FASTER" if ordered else "BWD_FUSED_WHERE_FASTER"
+    field = "ordered_fused_where" if ordered else "fused_where"
     why = (
-        f"measured faster than two passes for {problem.precision[0]!r} at this head dim (plan.BWD_FUSED_WHERE_FASTER)"
-        if where in T.BWD_FUSED_WHERE_FASTER
-        else "as the planner policy's fused_where asks"
+        f"measured faster than two passes for {problem.precision[0]!r} at head dims like this (plan.{table})"
+        if where in getattr(T, table)
+        else f"as the planner policy's {field} asks"
     )
-    target = "dq" if problem.dtype == "float32" else "a float32 accumulator (then scaled and rounded into dq)"
-    why = (
-        f"{plan.reason}; one pass for dK, dV and dQ (deterministic=False; dQ added to {target} by float32 "
-        f"atomics, not bitwise reproducible), {why}"
-    )
-    return dataclasses.replace(plan, reason=why)
+    if ordered:
+        how = "deterministic: each key block adds its dQ to a float32 accumulator in turn, bitwise reproducible"
+    elif problem.dtype == "float32":
+        how = "deterministic=False: dQ added to dq by float32 atomics, not bitwise reproducible"
+    else:
+        how = "deterministic=False: dQ added to a float32 accumulator in any order, not bitwise reproducible"
+    return dataclasses.replace(plan, reason=f"{plan.reason}; one pass for dK, dV and dQ ({how}), {why}")
 
 
 def planned_configs(

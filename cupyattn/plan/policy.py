@@ -59,7 +59,8 @@ class Policy:
     dim 128, the lower of it and wgmma_backward_min_rows_from_128): the keys a forward
     block sees, the rows a backward block streams, from which the wgmma tiles go before
     mma.sync's. fused_where: the (precision, padded head dim) pairs where the fused
-    dK/dV/dQ pass is planned (deterministic=False, on sm_90).
+    dK/dV/dQ pass is planned (deterministic=False, on sm_90); ordered_fused_where: those
+    where its deterministic form is (dQ added in the key blocks' order; float16 / bfloat16).
     """
 
     families: frozenset | None = None
@@ -68,6 +69,7 @@ class Policy:
     wgmma_backward_min_rows: int = T.WGMMA_BACKWARD_MIN_ROWS
     wgmma_backward_min_rows_from_128: int = T.WGMMA_BACKWARD_MIN_ROWS_FROM_128
     fused_where: frozenset = T.BWD_FUSED_WHERE_FASTER
+    ordered_fused_where: frozenset = T.BWD_ORDERED_FUSED_WHERE_FASTER
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -99,22 +101,23 @@ class Policy:
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
             set_(name, int(value))
-        where = set()
-        for pair in self.fused_where if not isinstance(self.fused_where, str) else (self.fused_where,):
-            ok = (
-                isinstance(pair, (tuple, list))
-                and len(pair) == 2
-                and pair[0] in PRECISIONS
-                and isinstance(pair[1], numbers.Integral)
-                and not isinstance(pair[1], bool)
-            )
-            if not ok:
-                raise ValueError(
-                    f"fused_where: expected (precision, padded head dim) pairs, precision one of "
-                    f"{PRECISIONS}, got {self.fused_where!r}"
+        for name in ("fused_where", "ordered_fused_where"):
+            value, where = getattr(self, name), set()
+            for pair in value if not isinstance(value, str) else (value,):
+                ok = (
+                    isinstance(pair, (tuple, list))
+                    and len(pair) == 2
+                    and pair[0] in PRECISIONS
+                    and isinstance(pair[1], numbers.Integral)
+                    and not isinstance(pair[1], bool)
                 )
-            where.add((pair[0], int(pair[1])))
-        set_("fused_where", frozenset(where))
+                if not ok:
+                    raise ValueError(
+                        f"{name}: expected (precision, padded head dim) pairs, precision one of "
+                        f"{PRECISIONS}, got {value!r}"
+                    )
+                where.add((pair[0], int(pair[1])))
+            set_(name, frozenset(where))
 
     def allows(self, family: str) -> bool:
         return self.families is None or family in self.families

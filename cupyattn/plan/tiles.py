@@ -187,8 +187,13 @@ BWD_FUSED_WGMMA_TILES = (
     (32, 64, 4),
 )
 # (precision, padded head dim) where the fused pass measured faster than two passes: float32
-# elsewhere only 4-warp tiles fit beside K^T, or none; float16 / bfloat16 at 128 it ties.
-BWD_FUSED_WHERE_FASTER = frozenset({("tf32", 64), ("bf16", 64), ("fp16", 64)})
+# elsewhere only 4-warp tiles fit beside K^T, or none. float16 / bfloat16 at every head dim it
+# takes (measured at 32, 64, 96 and 128: one and two dQ chunks a tile).
+_FUSED_HALF = frozenset((p, d) for p in ("bf16", "fp16") for d in range(16, 129, 16))
+BWD_FUSED_WHERE_FASTER = frozenset({("tf32", 64)}) | _FUSED_HALF
+# Where its deterministic form (dQ added in the key blocks' order) measured faster than the two
+# deterministic passes: float16 / bfloat16 at every head dim it takes (measured as above).
+BWD_ORDERED_FUSED_WHERE_FASTER = _FUSED_HALF
 
 # ---- sm_90: wgmma on float16 / bfloat16 (TMA-loaded tiles; attn_fwd_wgmma_half) ----
 

@@ -226,15 +226,23 @@ class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
 
 @dataclasses.dataclass(frozen=True)
 class BwdFusedWgmmaHalfConfig(BwdDkdvWgmmaHalfConfig):
-    """``attn_bwd_fused_wgmma_half``: the dK/dV pass that also adds dQ (deterministic=False).
-    Each query tile's dS^T (two warpgroups of 64 keys, 64 queries) goes into one of two
-    swizzled tiles in shared memory; from it each warpgroup computes a 64-column chunk of
-    dQ = dS K (wgmma, both operands MN-major; at head dims up to 64 the warpgroups take
-    turns) and adds it to a float32 (B, Sq, Hq, D) accumulator (red.global.add.v2.f32);
-    ``attn_bwd_dq_convert`` scales and rounds it into dq."""
+    """``attn_bwd_fused_wgmma_half``: the dK/dV pass that also computes dQ. Each query tile's
+    dS^T (two warpgroups of 64 keys, 64 queries) goes into one of two swizzled tiles in
+    shared memory; from it each warpgroup computes a 64-column chunk of dQ = dS K (wgmma,
+    both operands MN-major; at head dims up to 64 the warpgroups take turns) into one of two
+    float32 dQ tiles in shared memory, which a producer warp adds to a float32 accumulator
+    in global memory (the TMA's bulk reduction); ``attn_bwd_dq_convert`` scales and rounds it
+    into dq. ``ordered`` (deterministic=True): each key block adds its tile in its turn after
+    the key blocks before it, so every dQ sum runs in one order."""
+
+    ordered: bool = False
 
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_fused_wgmma_half"
     LAYOUT: ClassVar[str] = "cupyattn::BwdFusedWgmmaHalfLayout"
+
+    @functools.cached_property
+    def name_expression(self) -> str:
+        return f"{super().name_expression[:-1]}, {'true' if self.ordered else 'false'}>"
 
     @property
     def valid(self) -> bool:
@@ -253,14 +261,33 @@ class BwdFusedWgmmaHalfConfig(BwdDkdvWgmmaHalfConfig):
                 "dQ may still read the other",
                 align=SWIZZLE_ALIGN,
             )
+            .add(
+                "dq_tiles",
+                (2, self.d_chunks, self.block_m, 64),
+                "float32",
+                "dQ of two query tiles in accumulator order: one written while the TMA adds the other to the "
+                "float32 accumulator",
+            )
+            .add(
+                "dq_barriers",
+                (4,),
+                "uint64",
+                "mbarriers: per dQ tile, written (each consumer warp arrives) and added (the dQ warp arrives)",
+            )
         )
 
     @property
     def work_split(self) -> str | None:
+        order = (
+            "in the order of the key blocks (each waits for its turn at a tile: bitwise reproducible)"
+            if self.ordered
+            else "in whatever order the blocks get there"
+        )
         return (
             f"{super().work_split}; each query tile's dS^T into a shared tile, from which each warpgroup "
-            "computes a 64-column chunk of dQ = dS K (wgmma, shared memory) and adds it to a float32 "
-            "accumulator with atomics; a last launch (attn_bwd_dq_convert) scales and rounds that into dq"
+            "computes a 64-column chunk of dQ = dS K (wgmma, shared memory) into a float32 shared tile; "
+            "the producer warpgroup's third warp adds that tile to a float32 accumulator (TMA bulk "
+            f"reduction), {order}; a last launch (attn_bwd_dq_convert) scales and rounds it into dq"
         )
 
     # accumulators_per_lane as the dK/dV pass's: dQ's chunk (32) lives once S^T and dP^T have
