@@ -103,11 +103,15 @@ def describe_backward_plan(bplan: BackwardPlan) -> str:
         if bplan.delta is not None
         else f"delta: computed by {bplan.dkdv.config.staging.kernel_name}, as it stages dO"
     )
-    convert = (
-        [f"{bplan.dq_convert.name_expression} (no shared memory): dq = scale * the float32 dQ accumulator"]
-        if bplan.dq_convert is not None
-        else []
-    )
+    convert = []
+    if bplan.dq_convert is not None:
+        cfg, p = bplan.dkdv.config, bplan.dkdv.problem
+        tiles = p.batch * p.heads_q * -(-p.seqlen_q // 64)  # the fused pass's 64-row dQ tiles
+        turns = f" and {tiles * 4} bytes of turn counters" if getattr(cfg, "ordered", False) else ""
+        convert = [
+            f"{bplan.dq_convert.name_expression} (no shared memory): dq = scale * the float32 dQ accumulator "
+            f"({tiles * 64 * 64 * cfg.d_chunks * 4} bytes of global memory{turns})"
+        ]
     return "\n".join([delta] + [describe_plan(p) for p in bplan.plans] + convert)
 
 

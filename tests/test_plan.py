@@ -762,8 +762,12 @@ def test_fused_half_backward_is_planned_where_the_policy_has_it_with_a_convert_l
     assert isinstance(bwd(128, only_half).dkdv.config, BwdDkdvWgmmaHalfConfig)
     problem = AttentionProblem("bfloat16", 128, 128, True, 4, 16, 16, 4096, 4096)  # deterministic
     assert plan_backward(problem, h100, Policy(fused_where=where.fused_where, ordered_fused_where=())).dq is not None
-    ordered = plan_backward(problem, h100, Policy(ordered_fused_where={("bf16", 128)})).dkdv
-    assert ordered.config.ordered and "each key block adds its dQ to a float32 accumulator in turn" in ordered.reason
+    ordered = plan_backward(problem, h100, Policy(ordered_fused_where={("bf16", 128)}))
+    assert ordered.dkdv.config.ordered and "adds its dQ to a float32 accumulator in turn" in ordered.dkdv.reason
+    tiles = 4 * 16 * 4096 // 64  # the accumulator: 64-row tiles of 128 float32 columns, a turn counter each
+    assert (
+        f"({tiles * 64 * 128 * 4} bytes of global memory and {tiles * 4} bytes of turn counters)" in ordered.describe()
+    )
     assert bwd(128, where, device=named_device("a100")).dq is not None
 
 
