@@ -1,12 +1,14 @@
 // Backward attention for float16 / bfloat16 inputs on Hopper (sm_90a): warpgroup MMA on
-// 16-bit operands, tiles brought by the TMA into 128-byte-swizzled chunks (wgmma_half.cuh),
-// the two deterministic passes of attn_bwd_mma.cuh (no atomics; delta from its own launch).
+// 16-bit operands, tiles brought by the TMA into 128-byte-swizzled chunks (wgmma_half.cuh):
+// the two passes of attn_bwd_mma.cuh (delta from its own launch), or up to head dim 128 one
+// fused pass, the dK/dV pass that also computes dQ (attn_bwd_fused_wgmma_half, below).
 //
 // attn_bwd_dkdv_wgmma_half: a block owns BLOCK_N keys of one key/value head; K and V stay
 //   in shared memory, Q and dO tiles of BLOCK_M query rows stream through STAGES stages over
-//   every query head of the GQA group. Each consumer warpgroup owns 64 keys (D_SPLIT = 2:
-//   two warpgroups share them, each keeping half of dK's and dV's columns) and works
-//   key-major, so that P^T and dS^T go from accumulators to A operands in registers:
+//   every query head of the GQA group, from the last query tile down. Each consumer
+//   warpgroup owns 64 keys (D_SPLIT = 2: two warpgroups share them, each keeping half of
+//   dK's and dV's columns) and works key-major, so that P^T and dS^T go from accumulators
+//   to A operands in registers:
 //     S^T  = K Q^T,  dP^T = V dO^T                    (SS: both operands K-major)
 //     P^T  = exp2(S^T scale log2 e - lse log2 e),  dS^T = P^T (dP^T - delta)
 //     dV  += P^T dO,  dK += dS^T Q                    (RS: Q, dO read MN-major)
@@ -41,6 +43,10 @@
 //   k_tiles     [STAGES][C][BLOCK_N][64]    T
 //   v_tiles     [STAGES][C][BLOCK_N][64]    T
 //   barriers    [q_full, k_full[STAGES], v_full[STAGES], empty[STAGES]]  mbarrier
+// and plan.BwdFusedWgmmaHalfConfig.layout: the dK/dV pass's, then
+//   ds_tiles    [2][BLOCK_N][BLOCK_M]       T      dS^T, swizzled
+//   dq_tiles    [2][C][BLOCK_M][64]         float  in accumulator order (dq_tile_index)
+//   dq_barriers [dq_full[2], dq_empty[2]]   mbarrier
 #pragma once
 
 #include "attn_bwd_simt.cuh"  // LOG2E
