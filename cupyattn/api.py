@@ -762,10 +762,10 @@ def attention_backward(
                 _zero_fill(dqs)
                 fused = (_ptr(dqs), *_elem_strides(dqs))
             else:  # float16 / bfloat16: into float32 tiles of 64 query rows, then scaled and rounded
-                m_tiles = -(-call.Sq // 64)
-                dq_accum = cupy.zeros((call.B, call.Hq, m_tiles, cfg.d_chunks * 64 * 64), dtype=cupy.float32)
-                turns = cupy.zeros((call.B, call.Hq, m_tiles), dtype=cupy.int32) if cfg.ordered else None
-                fused = (_ptr(dq_accum), _ptr(turns) if cfg.ordered else np.uint64(0), np.int32(m_tiles))
+                shape = cfg.accumulator_shape(call.B, call.Hq, call.Sq)
+                dq_accum = cupy.zeros(shape, dtype=cupy.float32)
+                turns = cupy.zeros(shape[:3], dtype=cupy.int32) if cfg.ordered else None
+                fused = (_ptr(dq_accum), _ptr(turns) if cfg.ordered else np.uint64(0), np.int32(shape[2]))
         # Everything the dQ pass reads is ready here (delta too), so it runs on a second
         # stream beside the dK/dV pass (OVERLAP_DQ), whose last blocks leave SMs idle otherwise.
         main = cupy.cuda.get_current_stream()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 from .compile import CompileReport, compile_only
 from .device import DeviceSpec, resolve_device
@@ -106,11 +107,11 @@ def describe_backward_plan(bplan: BackwardPlan) -> str:
     convert = []
     if bplan.dq_convert is not None:
         cfg, p = bplan.dkdv.config, bplan.dkdv.problem
-        tiles = p.batch * p.heads_q * -(-p.seqlen_q // 64)  # the fused pass's 64-row dQ tiles
-        turns = f" and {tiles * 4} bytes of turn counters" if getattr(cfg, "ordered", False) else ""
+        shape = cfg.accumulator_shape(p.batch, p.heads_q, p.seqlen_q)
+        turns = f" and {math.prod(shape[:3]) * 4} bytes of turn counters" if cfg.ordered else ""
         convert = [
             f"{bplan.dq_convert.name_expression} (no shared memory): dq = scale * the float32 dQ accumulator "
-            f"({tiles * 64 * 64 * cfg.d_chunks * 4} bytes of global memory{turns})"
+            f"({math.prod(shape) * 4} bytes of global memory{turns})"
         ]
     return "\n".join([delta] + [describe_plan(p) for p in bplan.plans] + convert)
 

@@ -449,9 +449,9 @@ def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_
     args = [*inputs, dk, dv, *strides, *_strides(dk), *_strides(dv), *sizes, np.int32(n_tiles), *tail, maps(dkdv)]
     dq = _half_array(np.full((B, Sq, Hq, D), np.nan, np.float32), dtype)
     if fused:
-        m_tiles = -(-Sq // 64)
-        accum = np.zeros((B, Hq, m_tiles, dkdv.d_chunks * 64 * 64), np.float32)
-        turns = np.zeros((B, Hq, m_tiles), np.int32)
+        accum = np.zeros(dkdv.accumulator_shape(B, Hq, Sq), np.float32)
+        m_tiles = accum.shape[2]
+        turns = np.zeros(accum.shape[:3], np.int32)
         _run(dkdv, n_tiles * B * Hkv, [*args, accum, turns, np.int32(m_tiles)], dkdv.layout.total)
         if dkdv.ordered:  # every key block took its turn at each query tile with a row that sees it
             firsts = [max(0, n * dkdv.block_n - offset) // 64 if causal else 0 for n in range(n_tiles)]

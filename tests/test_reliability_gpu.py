@@ -472,14 +472,12 @@ def test_fused_half_backward_keeps_nan_in_keys_no_query_may_see_out_of_dq(D, ord
     Sk > Sq, NaN keys and inf/NaN values from Sq on leave dk, dv bitwise and dq (ordered:
     bitwise too) finite and equal to within rounding to the run with clean ones."""
     import cupy
+    from test_backward_gpu import _fused_half_policy
 
     from cupyattn import plan as P
     from cupyattn.device import current_device
 
-    if current_device().compute_capability != (9, 0):
-        pytest.skip("the fused pass runs on sm_90")
-    where = {("bf16", D)}
-    policy = P.Policy(fused_where=where if not ordered else (), ordered_fused_where=where if ordered else ())
+    policy = _fused_half_policy("bfloat16", D, ordered)
     B, Sq, Sk, H = 2, 70, 300, 3
     problem = P.AttentionProblem("bfloat16", D, D, True, B, H, H, Sq, Sk, deterministic=ordered)
     cfg = P.plan_backward(problem, current_device(), policy).dkdv.config

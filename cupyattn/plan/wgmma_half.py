@@ -290,6 +290,12 @@ class BwdFusedWgmmaHalfConfig(BwdDkdvWgmmaHalfConfig):
             f"reduction), {order}; a last launch (attn_bwd_dq_convert) scales and rounds it into dq"
         )
 
+    def accumulator_shape(self, batch: int, heads_q: int, seqlen_q: int) -> tuple[int, int, int, int]:
+        """The float32 dQ accumulator it adds into: (batch, query head, query tile) tiles of
+        d_chunks 64 x 64 chunks in accumulator order (kernel: DqAccumulator); ``ordered``, one
+        int32 turn counter per tile (the first three dimensions)."""
+        return (batch, heads_q, -(-seqlen_q // self.block_m), self.d_chunks * self.block_m * 64)
+
     # accumulators_per_lane as the dK/dV pass's: dQ's chunk (32) lives once S^T and dP^T have
     # become the packed P^T and dS^T.
 
