@@ -19,7 +19,6 @@ from .launch import Launcher, pack
 from .plan import CXX_TYPES, MAX_HEAD_DIM, AttentionProblem, MmaConfig, parse_precision, plan_backward, plan_forward
 from .plan.policy import resolve_policy
 from .reference import causal_offset as _causal_offset
-from .tma import bwd_tma_maps
 from .tma import describable as _tma_describable
 
 LAYOUTS = ("bshd", "bhsd")
@@ -458,7 +457,7 @@ class ForwardLaunch:
 
 # Forward launches by ``forward_key``: what a repeated call reuses.
 _FORWARD_LAUNCHES: dict = {}
-_FORWARD_LAUNCHES_MAX = 4096
+_LAUNCHES_MAX = 4096  # (of each kind: a table this full starts again)
 
 
 def _describe(x) -> tuple:
@@ -477,21 +476,254 @@ def forward_key(q, k, v, out, lse, *, causal, scale, layout, smem_limit, precisi
     return (q, k, v, out, lse, type(causal), causal, type(scale), scale, layout, smem_limit, precision, policy, env)
 
 
-def known_forward(key) -> ForwardLaunch | None:
-    """The launch a call of this key made before, or None."""
+def _known(table: dict, key):
     try:
-        return _FORWARD_LAUNCHES.get(key)
+        return table.get(key)
     except TypeError:  # an unhashable option (a list of precision modes): never reused
         return None
 
 
-def remember_forward(key, forward: ForwardLaunch) -> None:
+def _remember(table: dict, key, launch) -> None:
     try:
-        if len(_FORWARD_LAUNCHES) >= _FORWARD_LAUNCHES_MAX:
-            _FORWARD_LAUNCHES.clear()
-        _FORWARD_LAUNCHES[key] = forward
+        if len(table) >= _LAUNCHES_MAX:
+            table.clear()
+        table[key] = launch
     except TypeError:
         pass
+
+
+def known_forward(key) -> ForwardLaunch | None:
+    """The launch a call of this key made before, or None."""
+    return _known(_FORWARD_LAUNCHES, key)
+
+
+def remember_forward(key, forward: ForwardLaunch) -> None:
+    _remember(_FORWARD_LAUNCHES, key, forward)
+
+
+class _Address(str):
+    """A kernel argument that is the address of one of a backward's arrays, by name: filled in
+    at each call (``BackwardLaunch.run``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Maps:
+    """A backward pass's ``BwdTmaMaps`` argument, made at each call from the addresses of its
+    q, k, v and dout (by name), with their (shape, byte strides) and box rows."""
+
+    names: tuple
+    layouts: tuple
+    rows: tuple
+    dtype: str
+
+    def packed(self, addresses: dict) -> bytes:
+        return b"".join(
+            tma.encode(addresses[name], shape, strides, rows, self.dtype).tobytes()
+            for name, (shape, strides), rows in zip(self.names, self.layouts, self.rows)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """One launch of a backward ("delta", "dkdv", "convert" or "dq"): its kernel, grid and
+    arguments, packed but for the arrays' addresses (``pieces``: bytes, _Address or _Maps)."""
+
+    name: str
+    config: object
+    launcher: Launcher
+    pieces: tuple
+
+    @classmethod
+    def of(cls, name: str, config, spec, blocks: int, what: str, args, smem: int = 0) -> _Step:
+        _check_grid(blocks, what)
+        pieces, offsets, size = [], [], 0
+        for arg in args:
+            offsets.append(size)
+            if isinstance(arg, (_Address, _Maps)):
+                pieces.append(arg)
+                size += 8 if isinstance(arg, _Address) else tma.BWD_TMA_MAPS.itemsize
+                continue
+            data, _ = pack((arg,))
+            if pieces and isinstance(pieces[-1], bytes):
+                pieces[-1] += data
+            else:
+                pieces.append(data)
+            size += len(data)
+        function = get_kernel(config, spec).kernel.ptr
+        return cls(name, config, Launcher(function, blocks, config.threads, smem, tuple(offsets), size), tuple(pieces))
+
+    def launch(self, addresses: dict, stream: int) -> None:
+        data = b"".join(
+            piece
+            if isinstance(piece, bytes)
+            else struct.pack("<Q", addresses[piece])
+            if isinstance(piece, _Address)
+            else piece.packed(addresses)
+            for piece in self.pieces
+        )
+        _launch_packed(self.config, self.launcher, stream, data)
+
+
+def _operand_names(plan) -> tuple:
+    """Address names of the q, k, v and dout a backward pass reads (a CUDA-core pass may read
+    copies rounded for it: _operands_for)."""
+    tag = "mma" if isinstance(plan.config, MmaConfig) else "simt"
+    return tuple(f"{name}:{tag}" for name in ("q", "k", "v", "dout"))
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardLaunch:
+    """A backward's launches, all of them but the arrays' addresses and its workspace (delta,
+    the fused pass's float32 dQ tiles and turn counters, made at each call): a call with arrays
+    of the same shapes, strides, dtypes, alignments and device, and the same options, repeats
+    them without validating or planning again (``backward_key``)."""
+
+    device_id: int
+    grad_shapes: tuple  # dq, dk, dv in the caller's layout
+    dtype: object  # theirs (q's)
+    operand_names: tuple  # the passes' q, k, v, dout address names (_operand_names)
+    delta_shape: tuple
+    accum_shape: tuple | None  # the fused float16 / bfloat16 pass's dQ tiles
+    ordered: bool  # and their turn counters
+    zero_dq: bool  # the fused float32 pass adds dQ into dq itself
+    steps: tuple
+
+    @classmethod
+    def of(cls, bplan, spec, call: _Call, arrays: dict) -> BackwardLaunch:
+        """``bplan``'s launches for ``call``; ``arrays``: by address name, the (B, S, H, D)
+        views the launches read and write ("dout", "out", "lse", "dq", "dk", "dv" and each
+        pass's operands, _operand_names)."""
+        A = _Address
+        sizes = call.sizes
+        tail = (np.float32(call.scale), np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0))
+        strides = lambda *names: tuple(s for n in names for s in _elem_strides(arrays[n]))  # noqa: E731
+        steps = []
+        if bplan.delta is not None:  # else the dK/dV pass's staging launch writes it
+            rows = call.B * call.Hq * call.Sq
+            args = (A("dout"), A("out"), A("delta"), *strides("dout", "out"), np.int32(call.Hq), np.int32(call.Sq))
+            args += (np.int32(call.Dv), np.int64(rows))
+            steps.append(_Step.of("delta", bplan.delta, spec, -(-rows // bplan.delta.rows_per_block), "dout", args))
+
+        def reads(name, plan):
+            """A pass's operand addresses with lse and delta, their strides, and its last
+            argument: the staged tiles (float32 wgmma passes) or the TMA maps (float16 /
+            bfloat16 wgmma passes)."""
+            names, cfg = _operand_names(plan), plan.config
+            last = ()
+            if getattr(cfg, "staging", None) is not None:
+                last = (A(f"staged:{name}"),)
+            elif getattr(cfg, "TMA_MAPS", False):
+                layouts = tuple((tuple(map(int, arrays[n].shape)), tuple(map(int, arrays[n].strides))) for n in names)
+                last = (_Maps(names, layouts, (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m), call.dtype),)
+            return (*map(A, names), A("lse"), A("delta")), strides(*names), last
+
+        cfg = bplan.dkdv.config
+        ptrs, operand_strides, last = reads("dkdv", bplan.dkdv)
+        num_n_tiles = -(-call.Sk // cfg.block_n)
+        fused, accum_shape, ordered, zero_dq = (), None, False, False
+        if bplan.dq is None and bplan.dq_convert is None:  # float32: dQ added into dq itself
+            fused, zero_dq = (A("dq"), *strides("dq")), True
+        elif bplan.dq is None:  # float16 / bfloat16: into float32 tiles of 64 query rows
+            accum_shape, ordered = cfg.accumulator_shape(call.B, call.Hq, call.Sq), cfg.ordered
+            fused = (A("dq_accum"), A("turns"), np.int32(accum_shape[2]))
+        args = (*ptrs, A("dk"), A("dv"), *operand_strides, *strides("dk", "dv"), *sizes, np.int32(num_n_tiles))
+        args += (*tail, *last, *fused)
+        blocks = num_n_tiles * call.B * call.Hkv
+        steps.append(_Step.of("dkdv", cfg, spec, blocks, "k", args, bplan.dkdv.smem_bytes))
+        if bplan.dq_convert is not None:  # dq = scale * the float32 tiles, rounded
+            quads = math.prod(accum_shape) // 4
+            args = (A("dq_accum"), A("dq"), *strides("dq"), np.int32(call.Hq), np.int32(call.Sq), np.int32(call.D))
+            args += (np.int32(cfg.d_chunks), np.float32(call.scale), np.int64(quads))
+            blocks = -(-quads // bplan.dq_convert.threads)
+            steps.append(_Step.of("convert", bplan.dq_convert, spec, blocks, "q", args))
+        if bplan.dq is not None:
+            cfg = bplan.dq.config
+            ptrs, operand_strides, last = reads("dq", bplan.dq)
+            num_m_tiles = -(-call.Sq // cfg.block_m)
+            args = (*ptrs, A("dq"), *operand_strides, *strides("dq"), *sizes, np.int32(num_m_tiles), *tail, *last)
+            steps.append(_Step.of("dq", cfg, spec, num_m_tiles * call.B * call.Hq, "q", args, bplan.dq.smem_bytes))
+        names = tuple(dict.fromkeys(n for p in bplan.plans for n in _operand_names(p)))
+        grads = (call.shape_like("q"), call.shape_like("k"), call.shape_like("v"))
+        delta_shape = (call.B, call.Hq, call.Sq)
+        return cls(
+            call.device_id, grads, call.qs.dtype, names, delta_shape, accum_shape, ordered, zero_dq, tuple(steps)
+        )
+
+    def run(self, addresses: dict, prepare=None) -> None:
+        """The launches on the current stream (the dQ pass beside them: OVERLAP_DQ), with the
+        arrays at ``addresses`` (by name, as ``of`` took them) and the workspace made here.
+        ``prepare``: by step name, a function of delta run on that step's stream before it,
+        giving more arrays by address name (tiles staged for it)."""
+        import cupy
+
+        prepare = prepare or {}
+        delta = cupy.empty(self.delta_shape, dtype=cupy.float32)
+        keep = [delta]  # what this call makes stays referenced until its launches are queued
+        addresses["delta"] = delta.data.ptr
+        if self.accum_shape is not None:
+            accum = cupy.zeros(self.accum_shape, dtype=cupy.float32)
+            turns = cupy.zeros(self.accum_shape[:3], dtype=cupy.int32) if self.ordered else None
+            keep += [accum, turns]
+            addresses["dq_accum"], addresses["turns"] = accum.data.ptr, 0 if turns is None else turns.data.ptr
+        main = cupy.cuda.get_current_stream()
+        overlap, ready = OVERLAP_DQ and any(step.name == "dq" for step in self.steps), None
+        for step in self.steps:
+            side = overlap and step.name == "dq"
+            stream = _side_stream(self.device_id) if side else main
+            if side:  # everything the dQ pass reads is ready (delta too): it runs beside dK/dV
+                stream.wait_event(ready)
+            # (arrays made on the side stream return to its pool, reused in its order; from
+            # cupyattn.torch, to torch's pool of the caller's stream, which joins the side stream)
+            with stream:
+                if step.name in prepare:
+                    made = prepare[step.name](delta)
+                    keep.append(made)
+                    addresses.update((name, x.data.ptr) for name, x in made.items())
+                if step.name == "dkdv" and overlap:
+                    ready = main.record()
+                step.launch(addresses, stream.ptr)
+            if side:
+                main.wait_event(stream.record())  # the caller's stream sees dq, and later work follows it
+
+    def __call__(self, dout, q, k, v, out, lse, dq, dk, dv) -> tuple:
+        """The launches for arrays described as the first call's: (dq, dk, dv), made here
+        where None."""
+        import cupy
+
+        with cupy.cuda.Device(self.device_id):
+            dq, dk, dv = (
+                cupy.empty(shape, dtype=self.dtype) if g is None else g
+                for g, shape in zip((dq, dk, dv), self.grad_shapes)
+            )
+            given = {"q": q, "k": k, "v": v, "dout": dout}
+            addresses = {n: given[n.split(":")[0]].data.ptr for n in self.operand_names}
+            named = (("dout", dout), ("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))
+            addresses.update((name, x.data.ptr) for name, x in named)
+            self.run(addresses)
+        return dq, dk, dv
+
+
+# Backward launches by ``backward_key``.
+_BACKWARD_LAUNCHES: dict = {}
+
+
+def backward_key(
+    dout, q, k, v, out, lse, dq, dk, dv, *, causal, scale, layout, deterministic, smem_limit, precision, policy
+) -> tuple:
+    """The key of a backward call: its arrays described as ``forward_key``'s (dq, dk, dv None
+    when the call makes them) and its options."""
+    options = (type(causal), causal, type(scale), scale, layout, type(deterministic), deterministic)
+    env = os.environ.get("CUPYATTN_SMEM_LIMIT")
+    return (dout, q, k, v, out, lse, dq, dk, dv, *options, smem_limit, precision, policy, env)
+
+
+def known_backward(key) -> BackwardLaunch | None:
+    """The launches a call of this key made before, or None."""
+    return _known(_BACKWARD_LAUNCHES, key)
+
+
+def remember_backward(key, backward: BackwardLaunch) -> None:
+    _remember(_BACKWARD_LAUNCHES, key, backward)
 
 
 def attention(
@@ -665,6 +897,10 @@ def attention_backward(
     beyond dq, dk, dv: delta, 4 * B * Hq * Sq bytes, the fused pass's float32 dQ
     accumulator (above), and the tiles the wgmma passes stage (``explain`` gives
     their bytes; both passes' at once); nothing of size Sq x Sk.
+
+    A call whose arrays match an earlier call's in shape, strides, dtype, 16-byte alignment
+    and device, with the same options, repeats that call's launches at the new addresses
+    without validating or planning again (as ``attention`` does).
     """
     import cupy
 
@@ -679,8 +915,41 @@ def attention_backward(
         ("dk", dk),
         ("dv", dv),
     )
+    resolve_policy(policy)  # (a policy that is not one is refused first)
+    arrays = tuple(_as_cupy(n, x) for n, x in named)
+    options = dict(
+        causal=causal,
+        scale=scale,
+        layout=layout,
+        deterministic=deterministic,
+        smem_limit=smem_limit,
+        precision=precision,
+        policy=policy,
+    )
+    key = None
+    if all(isinstance(x, cupy.ndarray) for x in arrays[:6]) and all(
+        x is None or isinstance(x, cupy.ndarray) for x in arrays[6:]
+    ):
+        key = backward_key(*(None if x is None else _describe(x) for x in arrays), **options)
+        known = known_backward(key)
+        if known is not None:  # seen before: valid, planned, compiled
+            return known(*arrays)
+    grads, backward = backward_uncached(*arrays, **options)
+    if key is not None and backward is not None:
+        remember_backward(key, backward)
+    return grads
+
+
+def backward_uncached(
+    dout, q, k, v, out, lse, dq, dk, dv, *, causal, scale, layout, deterministic, smem_limit, precision, policy
+):
+    """``attention_backward``'s work from validation to launch, for CuPy arrays: ((dq, dk,
+    dv), the ``BackwardLaunch`` a later call with arrays described alike may repeat, or None
+    where the launches read more than the given arrays (tiles staged for them, operands
+    rounded for them, dq zeroed for them) or none happened)."""
+    import cupy
+
     policy = resolve_policy(policy)
-    dout, q, k, v, out, lse, dq, dk, dv = (_as_cupy(n, x) for n, x in named)
     call = _validate(q, k, v, causal, scale, layout, precision)
     _check_like("dout", dout, call.out_shape, call.dtype, call.device_id)
     _check_like("out", out, call.out_shape, call.dtype, call.device_id)
@@ -694,155 +963,49 @@ def attention_backward(
         for g in (dq, dk, dv):  # no query sees any key: every gradient is zero
             if g.size:
                 _zero_fill(g)
-        return dq, dk, dv
+        return (dq, dk, dv), None
 
     with cupy.cuda.Device(call.device_id):
         spec = _device_for(call, smem_limit)
         bplan = plan_backward(call.problem(dout, deterministic=deterministic), spec, policy)
         dos, os_ = call.bshd(dout), call.bshd(out)
         dqs, dks, dvs = call.bshd(dq), call.bshd(dk), call.bshd(dv)
-        rows = call.B * call.Hq * call.Sq
-        delta = cupy.empty((call.B, call.Hq, call.Sq), dtype=cupy.float32)
-        if bplan.delta is not None:  # else the dK/dV pass's staging launch writes it
-            _launch(
-                bplan.delta,
-                spec,
-                -(-rows // bplan.delta.rows_per_block),
-                "dout",
-                (
-                    _ptr(dos),
-                    _ptr(os_),
-                    _ptr(delta),
-                    *_elem_strides(dos),
-                    *_elem_strides(os_),
-                    np.int32(call.Hq),
-                    np.int32(call.Sq),
-                    np.int32(call.Dv),
-                    np.int64(rows),
-                ),
-            )
-
-        sizes = call.sizes
-        tail = (np.float32(call.scale), np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0))
         operands = {}  # the inputs as each pass reads them (_operands_for), rounded once at most
         for plan in bplan.plans:  # on the caller's stream, before the dQ pass's stream forks off
             key = isinstance(plan.config, MmaConfig)
             if key not in operands:
                 operands[key] = _operands_for(plan, (call.qs, call.ks, call.vs, dos))
+        arrays = {"dout": dos, "out": os_, "lse": lse, "dq": dqs, "dk": dks, "dv": dvs}
+        for plan in bplan.plans:
+            arrays.update(zip(_operand_names(plan), operands[isinstance(plan.config, MmaConfig)]))
+        backward = BackwardLaunch.of(bplan, spec, call, arrays)
+        if backward.zero_dq:  # the float32 fused pass adds dQ into dq itself
+            _zero_fill(dqs)
 
-        def inputs(plan):
-            """Pointers, strides and the last arguments of one pass's launch: the staged tiles'
-            pointers (float32 wgmma kernels, the caller holds the arrays until the launch) or
-            the TMA maps (float16 / bfloat16 wgmma kernels)."""
-            qs, ks, vs, do_ = operands[isinstance(plan.config, MmaConfig)]
-            staging = getattr(plan.config, "staging", None)
-            held, last = None, ()
-            if staging is not None:  # the streamed tiles split into TF32 parts once, for every block
-                held = (
-                    stage_tiles(staging, spec, qs, do_, os_, lse, delta)
-                    if staging.queries
-                    else stage_tiles(staging, spec, ks, vs)
-                )
-                last = (_ptr(held),)
-            elif getattr(plan.config, "TMA_MAPS", False):
-                last = (bwd_tma_maps(qs, ks, vs, do_, plan.config.block_m, plan.config.block_n),)
-            return (
-                (_ptr(qs), _ptr(ks), _ptr(vs), _ptr(do_), _ptr(lse), _ptr(delta)),
-                (*_elem_strides(qs), *_elem_strides(ks), *_elem_strides(vs), *_elem_strides(do_)),
-                held,
-                last,
+        def staged(step, plan, delta):
+            """``plan``'s streamed tiles split into TF32 parts once, for every block (the float32
+            wgmma passes; the query tiles' staging also writes delta), by address name."""
+            staging = plan.config.staging
+            qs, ks, vs, do_ = (arrays[n] for n in _operand_names(plan))
+            tiles = (
+                stage_tiles(staging, spec, qs, do_, os_, lse, delta)
+                if staging.queries
+                else stage_tiles(staging, spec, ks, vs)
             )
+            return {f"staged:{step}": tiles}
 
-        cfg = bplan.dkdv.config
-        ptrs, strides, held, last = inputs(bplan.dkdv)
-        num_n_tiles = -(-call.Sk // cfg.block_n)
-        fused = ()
-        if bplan.dq is None:  # dQ added by the dK/dV pass with atomics (deterministic=False)
-            if bplan.dq_convert is None:  # float32: into dq itself
-                _zero_fill(dqs)
-                fused = (_ptr(dqs), *_elem_strides(dqs))
-            else:  # float16 / bfloat16: into float32 tiles of 64 query rows, then scaled and rounded
-                shape = cfg.accumulator_shape(call.B, call.Hq, call.Sq)
-                dq_accum = cupy.zeros(shape, dtype=cupy.float32)
-                turns = cupy.zeros(shape[:3], dtype=cupy.int32) if cfg.ordered else None
-                fused = (_ptr(dq_accum), _ptr(turns) if cfg.ordered else np.uint64(0), np.int32(shape[2]))
-        # Everything the dQ pass reads is ready here (delta too), so it runs on a second
-        # stream beside the dK/dV pass (OVERLAP_DQ), whose last blocks leave SMs idle otherwise.
-        main = cupy.cuda.get_current_stream()
-        overlap = OVERLAP_DQ and bplan.dq is not None
-        ready = main.record() if overlap else None
-        _launch(
-            cfg,
-            spec,
-            num_n_tiles * call.B * call.Hkv,
-            "k",
-            (
-                *ptrs,
-                _ptr(dks),
-                _ptr(dvs),
-                *strides,
-                *_elem_strides(dks),
-                *_elem_strides(dvs),
-                *sizes,
-                np.int32(num_n_tiles),
-                *tail,
-                *last,
-                *fused,
-            ),
-            bplan.dkdv.smem_bytes,
+        prepare = {
+            step: functools.partial(staged, step, plan)
+            for step, plan in (("dkdv", bplan.dkdv), ("dq", bplan.dq))
+            if plan is not None and getattr(plan.config, "staging", None) is not None
+        }
+        backward.run({name: x.data.ptr for name, x in arrays.items()}, prepare)
+        as_given = (call.qs, call.ks, call.vs, dos)
+        reusable = (
+            not prepare
+            and not backward.zero_dq
+            and all(
+                all(a is b for a, b in zip(operands[isinstance(p.config, MmaConfig)], as_given)) for p in bplan.plans
+            )
         )
-        if bplan.dq_convert is not None:
-            quads = dq_accum.size // 4
-            _launch(
-                bplan.dq_convert,
-                spec,
-                -(-quads // bplan.dq_convert.threads),
-                "q",
-                (
-                    _ptr(dq_accum),
-                    _ptr(dqs),
-                    *_elem_strides(dqs),
-                    np.int32(call.Hq),
-                    np.int32(call.Sq),
-                    np.int32(call.D),
-                    np.int32(cfg.d_chunks),
-                    np.float32(call.scale),
-                    np.int64(quads),
-                ),
-            )
-        if bplan.dq is None:
-            return dq, dk, dv
-
-        def dq_pass():
-            cfg = bplan.dq.config
-            ptrs, strides, held, last = inputs(bplan.dq)
-            num_m_tiles = -(-call.Sq // cfg.block_m)
-            _launch(
-                cfg,
-                spec,
-                num_m_tiles * call.B * call.Hq,
-                "q",
-                (
-                    *ptrs,
-                    _ptr(dqs),
-                    *strides,
-                    *_elem_strides(dqs),
-                    *sizes,
-                    np.int32(num_m_tiles),
-                    *tail,
-                    *last,
-                ),
-                bplan.dq.smem_bytes,
-            )
-
-        if overlap:
-            side = _side_stream(call.device_id)
-            side.wait_event(ready)
-            # (arrays made here return to the side stream's pool, reused in its order; from
-            # cupyattn.torch, to torch's pool of the caller's stream, which joins the side stream)
-            with side:
-                dq_pass()
-            main.wait_event(side.record())  # the caller's stream sees dq, and later work follows it
-        else:
-            dq_pass()
-    return dq, dk, dv
+    return (dq, dk, dv), (backward if reusable else None)

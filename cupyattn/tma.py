@@ -113,14 +113,3 @@ def tensor_map(x, box_rows: int) -> np.ndarray:
             "16-byte aligned base and byte strides that are non-negative multiples of 16"
         )
     return encode(int(x.data.ptr), tuple(int(n) for n in x.shape), tuple(int(s) for s in x.strides), box_rows, dtype)
-
-
-def bwd_tma_maps(q, k, v, dout, block_m: int, block_n: int) -> np.ndarray:
-    """A backward pass's one ``BwdTmaMaps`` argument: q's and dout's maps in boxes of block_m
-    rows, k's and v's in boxes of block_n rows."""
-    maps = np.zeros(1, BWD_TMA_MAPS)
-    maps["q"] = tensor_map(q, block_m)
-    maps["k"] = tensor_map(k, block_n)
-    maps["v"] = tensor_map(v, block_n)
-    maps["dout"] = tensor_map(dout, block_m)
-    return maps

@@ -142,7 +142,7 @@ _HALF_N = (64, 80, 96, 128, 176, 192, 256)  # WgmmaHalf's n-sizes (kernels/wgmma
 
 
 class _BwdWgmmaHalf(WgmmaHalfConfig):
-    """The two backward passes: TMA maps of q, k, v and dout (tma.bwd_tma_maps)."""
+    """The two backward passes: TMA maps of q, k, v and dout (tma.BWD_TMA_MAPS)."""
 
     HEADER: ClassVar[str] = "attn_bwd_wgmma_half.cuh"
     STAGES: ClassVar[int] = 2  # BWD_HALF_STAGES
