@@ -690,6 +690,7 @@ class BackwardLaunch:
         where None."""
         import cupy
 
+        assert not self.zero_dq, "a launch that zero-fills dq first is never repeated (backward_uncached)"
         with cupy.cuda.Device(self.device_id):
             dq, dk, dv = (
                 cupy.empty(shape, dtype=self.dtype) if g is None else g
@@ -956,16 +957,15 @@ def backward_uncached(
     _check_like("lse", lse, (call.B, call.Hq, call.Sq), "float32", call.device_id, c_contiguous=True)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
-    dq = _output("dq", dq, call.shape_like("q"), call)
-    dk = _output("dk", dk, call.shape_like("k"), call)
-    dv = _output("dv", dv, call.shape_like("v"), call)
-    if call.Sq == 0 or call.Sk == 0 or call.B == 0 or call.Hq == 0:
-        for g in (dq, dk, dv):  # no query sees any key: every gradient is zero
-            if g.size:
-                _zero_fill(g)
-        return (dq, dk, dv), None
-
-    with cupy.cuda.Device(call.device_id):
+    with cupy.cuda.Device(call.device_id):  # (new gradients on q's device, as a repeated call makes them)
+        dq = _output("dq", dq, call.shape_like("q"), call)
+        dk = _output("dk", dk, call.shape_like("k"), call)
+        dv = _output("dv", dv, call.shape_like("v"), call)
+        if call.Sq == 0 or call.Sk == 0 or call.B == 0 or call.Hq == 0:
+            for g in (dq, dk, dv):  # no query sees any key: every gradient is zero
+                if g.size:
+                    _zero_fill(g)
+            return (dq, dk, dv), None
         spec = _device_for(call, smem_limit)
         bplan = plan_backward(call.problem(dout, deterministic=deterministic), spec, policy)
         dos, os_ = call.bshd(dout), call.bshd(out)

@@ -55,6 +55,22 @@ def test_forward_keys_tell_apart_options_that_compare_equal():
     assert api.known_forward(unhashable) is None  # never remembered, never an error
 
 
+def test_backward_keys_tell_apart_options_and_given_gradients():
+    """As the forward's: deterministic=1 is refused where True is not, gradients the call makes
+    (None) differ from given ones, and an unhashable option is never remembered."""
+    arrays = [((1, 8, 2, 64), (2048, 256, 128, 2), "float16", True, 0)] * 6
+    options = dict(
+        causal=True, scale=None, layout="bshd", deterministic=True, smem_limit=None, precision=None, policy=None
+    )
+    key = api.backward_key(*arrays, None, None, None, **options)
+    assert key == api.backward_key(*arrays, None, None, None, **options)
+    assert key != api.backward_key(*arrays, None, None, None, **{**options, "deterministic": 1})
+    assert key != api.backward_key(*arrays, None, None, None, **{**options, "deterministic": False})
+    assert key != api.backward_key(*arrays, arrays[0], None, None, **options)
+    unhashable = api.backward_key(*arrays, None, None, None, **{**options, "precision": ["fp32"]})
+    assert api.known_backward(unhashable) is None
+
+
 @pytest.mark.parametrize(
     "shapes, dtypes, options, error, message",
     [
