@@ -16,7 +16,16 @@ from . import tma
 from .compile import get_kernel
 from .device import current_device, smem_limit_from_env
 from .launch import Launcher, pack
-from .plan import CXX_TYPES, MAX_HEAD_DIM, AttentionProblem, MmaConfig, parse_precision, plan_backward, plan_forward
+from .plan import (
+    CXX_TYPES,
+    MAX_HEAD_DIM,
+    AttentionProblem,
+    BwdDeltaWgmmaHalfConfig,
+    MmaConfig,
+    parse_precision,
+    plan_backward,
+    plan_forward,
+)
 from .plan.policy import resolve_policy
 from .reference import causal_offset as _causal_offset
 from .tma import describable as _tma_describable
@@ -583,6 +592,7 @@ class BackwardLaunch:
     dtype: object  # theirs (q's)
     operand_names: tuple  # the passes' q, k, v, dout address names (_operand_names)
     delta_shape: tuple
+    padded_shape: tuple | None  # lse * log2(e) and delta rows padded to the dK/dV pass's tiles
     accum_shape: tuple | None  # the fused float16 / bfloat16 pass's dQ tiles
     ordered: bool  # and their turn counters
     zero_dq: bool  # the fused float32 pass adds dQ into dq itself
@@ -598,10 +608,16 @@ class BackwardLaunch:
         tail = (np.float32(call.scale), np.float32(call.scale * LOG2E), np.int32(call.causal_offset or 0))
         strides = lambda *names: tuple(s for n in names for s in _elem_strides(arrays[n]))  # noqa: E731
         steps = []
+        padded_shape = None  # the float16 / bfloat16 wgmma dK/dV pass's lse * log2(e) and delta rows
         if bplan.delta is not None:  # else the dK/dV pass's staging launch writes it
             rows = call.B * call.Hq * call.Sq
-            args = (A("dout"), A("out"), A("delta"), *strides("dout", "out"), np.int32(call.Hq), np.int32(call.Sq))
-            args += (np.int32(call.Dv), np.int64(rows))
+            outputs, tail_args = (A("delta"),), ()
+            if isinstance(bplan.delta, BwdDeltaWgmmaHalfConfig):
+                padded = bplan.delta.padded_rows(call.Sq)
+                padded_shape, rows = (2, call.B, call.Hq, padded), call.B * call.Hq * padded
+                outputs, tail_args = (A("lse"), A("delta"), A("lse_rows")), (np.int32(padded),)
+            args = (A("dout"), A("out"), *outputs, *strides("dout", "out"), np.int32(call.Hq), np.int32(call.Sq))
+            args += (np.int32(call.Dv), *tail_args, np.int64(rows))
             steps.append(_Step.of("delta", bplan.delta, spec, -(-rows // bplan.delta.rows_per_block), "dout", args))
 
         def reads(name, plan):
@@ -615,7 +631,8 @@ class BackwardLaunch:
             elif getattr(cfg, "TMA_MAPS", False):
                 layouts = tuple((tuple(map(int, arrays[n].shape)), tuple(map(int, arrays[n].strides))) for n in names)
                 last = (_Maps(names, layouts, (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m), call.dtype),)
-            return (*map(A, names), A("lse"), A("delta")), strides(*names), last
+            rows = ("lse_rows", "delta_rows") if name == "dkdv" and padded_shape is not None else ("lse", "delta")
+            return (*map(A, names), *map(A, rows)), strides(*names), last
 
         cfg = bplan.dkdv.config
         ptrs, operand_strides, last = reads("dkdv", bplan.dkdv)
@@ -631,11 +648,9 @@ class BackwardLaunch:
         blocks = num_n_tiles * call.B * call.Hkv
         steps.append(_Step.of("dkdv", cfg, spec, blocks, "k", args, bplan.dkdv.smem_bytes))
         if bplan.dq_convert is not None:  # dq = scale * the float32 tiles, rounded
-            quads = math.prod(accum_shape) // 4
             args = (A("dq_accum"), A("dq"), *strides("dq"), np.int32(call.Hq), np.int32(call.Sq), np.int32(call.D))
-            args += (np.int32(cfg.d_chunks), np.float32(call.scale), np.int64(quads))
-            blocks = -(-quads // bplan.dq_convert.threads)
-            steps.append(_Step.of("convert", bplan.dq_convert, spec, blocks, "q", args))
+            args += (np.int32(cfg.d_chunks), np.float32(call.scale))
+            steps.append(_Step.of("convert", bplan.dq_convert, spec, math.prod(accum_shape[:3]), "q", args))
         if bplan.dq is not None:
             cfg = bplan.dq.config
             ptrs, operand_strides, last = reads("dq", bplan.dq)
@@ -646,7 +661,16 @@ class BackwardLaunch:
         grads = (call.shape_like("q"), call.shape_like("k"), call.shape_like("v"))
         delta_shape = (call.B, call.Hq, call.Sq)
         return cls(
-            call.device_id, grads, call.qs.dtype, names, delta_shape, accum_shape, ordered, zero_dq, tuple(steps)
+            call.device_id,
+            grads,
+            call.qs.dtype,
+            names,
+            delta_shape,
+            padded_shape,
+            accum_shape,
+            ordered,
+            zero_dq,
+            tuple(steps),
         )
 
     def run(self, addresses: dict, prepare=None) -> None:
@@ -660,6 +684,10 @@ class BackwardLaunch:
         delta = cupy.empty(self.delta_shape, dtype=cupy.float32)
         keep = [delta]  # what this call makes stays referenced until its launches are queued
         addresses["delta"] = delta.data.ptr
+        if self.padded_shape is not None:
+            padded = cupy.empty(self.padded_shape, dtype=cupy.float32)
+            keep.append(padded)
+            addresses["lse_rows"], addresses["delta_rows"] = padded[0].data.ptr, padded[1].data.ptr
         if self.accum_shape is not None:
             accum = cupy.zeros(self.accum_shape, dtype=cupy.float32)
             turns = cupy.zeros(self.accum_shape[:3], dtype=cupy.int32) if self.ordered else None

@@ -99,19 +99,26 @@ def describe_plan(plan: Plan) -> str:
 
 def describe_backward_plan(bplan: BackwardPlan) -> str:
     """The backward's launches as text (BackwardPlan.describe)."""
-    delta = (
-        f"{bplan.delta.name_expression} (no shared memory)"
-        if bplan.delta is not None
-        else f"delta: computed by {bplan.dkdv.config.staging.kernel_name}, as it stages dO"
-    )
+    if bplan.delta is None:
+        delta = f"delta: computed by {bplan.dkdv.config.staging.kernel_name}, as it stages dO"
+    elif hasattr(bplan.delta, "padded_rows"):
+        rows = bplan.delta.padded_rows(bplan.dkdv.problem.seqlen_q)
+        p = bplan.dkdv.problem
+        delta = (
+            f"{bplan.delta.name_expression} (no shared memory): delta, and lse * log2(e) and delta in {rows} rows "
+            f"a head for the dK/dV pass's bulk copies ({2 * p.batch * p.heads_q * rows * 4} bytes of global memory)"
+        )
+    else:
+        delta = f"{bplan.delta.name_expression} (no shared memory)"
     convert = []
     if bplan.dq_convert is not None:
         cfg, p = bplan.dkdv.config, bplan.dkdv.problem
         shape = cfg.accumulator_shape(p.batch, p.heads_q, p.seqlen_q)
         turns = f" and {math.prod(shape[:3]) * 4} bytes of turn counters" if cfg.ordered else ""
         convert = [
-            f"{bplan.dq_convert.name_expression} (no shared memory): dq = scale * the float32 dQ accumulator "
-            f"({math.prod(shape) * 4} bytes of global memory{turns})"
+            f"{bplan.dq_convert.name_expression} ({bplan.dq_convert.STATIC_SMEM_BYTES} bytes of static shared "
+            f"memory: a 64-row tile): dq = scale * the float32 dQ accumulator ({math.prod(shape) * 4} bytes of "
+            f"global memory{turns})"
         ]
     return "\n".join([delta] + [describe_plan(p) for p in bplan.plans] + convert)
 

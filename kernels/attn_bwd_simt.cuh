@@ -30,11 +30,25 @@ namespace cupyattn {
 
 constexpr float LOG2E = 1.4426950408889634f;
 
-// delta = rowsum(dO * O), a warp per ROWS_PER_WARP consecutive (batch, head, row) rows;
-// rows are (b, s, h) strided. Each row is summed as by a warp of its own (lane l adds
-// columns l, l + 32, ..., then the warp's sum), its rows' loads issued together so that
-// a warp has 2 x ROWS_PER_WARP in flight (one row a warp: blocks too short for their
+// sum[r] = rowsum(a[r] * c[r]) over head_dim_v columns, each row summed as by a warp of its
+// own (lane l adds columns l, l + 32, ..., then the warp's sum), the rows' loads issued
+// together so that a warp has 2 x ROWS in flight (one row a warp: blocks too short for their
 // loads' latency, ~300 GB/s on the H200 at head dim 64).
+template <typename T, int ROWS>
+__device__ __forceinline__ void warp_row_dots(const T* const (&a)[ROWS], const T* const (&c)[ROWS], int head_dim_v,
+                                              int lane, float (&sum)[ROWS]) {
+    using E = Elem<T>;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) sum[r] = 0.0f;
+    for (int d = lane; d < head_dim_v; d += 32)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) sum[r] = fmaf(E::to_float(a[r][d]), E::to_float(c[r][d]), sum[r]);
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) sum[r] = group_sum<32>(sum[r]);
+}
+
+// delta = rowsum(dO * O), a warp per ROWS_PER_WARP consecutive (batch, head, row) rows;
+// rows are (b, s, h) strided.
 template <typename T, int NUM_WARPS, int ROWS_PER_WARP>
 __global__ void
 __launch_bounds__(NUM_WARPS * 32)
@@ -42,13 +56,11 @@ attn_bwd_delta(const T* __restrict__ dout, const T* __restrict__ out, float* __r
                long long do_sb, long long do_ss, long long do_sh,
                long long o_sb, long long o_ss, long long o_sh,
                int n_heads_q, int seqlen_q, int head_dim_v, long long total_rows) {
-    using E = Elem<T>;
     const long long row0 = ((long long)blockIdx.x * NUM_WARPS + threadIdx.x / 32) * ROWS_PER_WARP;
     if (row0 >= total_rows) return;
     const int lane = threadIdx.x % 32;
     const T* a[ROWS_PER_WARP];
     const T* c[ROWS_PER_WARP];
-    float sum[ROWS_PER_WARP];
 #pragma unroll
     for (int r = 0; r < ROWS_PER_WARP; ++r) {
         const long long row = min(row0 + r, total_rows - 1);  // past the end: the last row again, not stored
@@ -58,16 +70,12 @@ attn_bwd_delta(const T* __restrict__ dout, const T* __restrict__ out, float* __r
         const long long b = bh / n_heads_q;
         a[r] = dout + b * do_sb + h * do_sh + i * do_ss;
         c[r] = out + b * o_sb + h * o_sh + i * o_ss;
-        sum[r] = 0.0f;
     }
-    for (int d = lane; d < head_dim_v; d += 32)
+    float sum[ROWS_PER_WARP];
+    warp_row_dots<T, ROWS_PER_WARP>(a, c, head_dim_v, lane, sum);
 #pragma unroll
-        for (int r = 0; r < ROWS_PER_WARP; ++r) sum[r] = fmaf(E::to_float(a[r][d]), E::to_float(c[r][d]), sum[r]);
-#pragma unroll
-    for (int r = 0; r < ROWS_PER_WARP; ++r) {
-        const float s = group_sum<32>(sum[r]);
-        if (lane == 0 && row0 + r < total_rows) delta[row0 + r] = s;  // delta is (B, Hq, Sq) contiguous
-    }
+    for (int r = 0; r < ROWS_PER_WARP; ++r)
+        if (lane == 0 && row0 + r < total_rows) delta[row0 + r] = sum[r];  // delta is (B, Hq, Sq) contiguous
 }
 
 template <typename T, int D_PAD, int DV_PAD, int BLOCK_M, int BLOCK_N>

@@ -16,10 +16,10 @@
 //   dO stay, K and V tiles stream through STAGES stages:
 //     S = Q K^T, dP = dO V^T (SS), dS = P (dP - delta), dQ += dS K (RS: K read MN-major).
 // Warp roles in both: a producer warpgroup past the consumers gives up its registers
-// (setmaxnreg); its first thread issues every TMA copy, and in dK/dV its second warp
-// copies each query tile's lse (times log2 e) and delta into shared memory. A stage is
-// full when its copies have landed (and those rows are written), free again once every
-// consumer warp has arrived.
+// (setmaxnreg); its first thread issues every TMA copy, in dK/dV each query tile's lse
+// (times log2 e) and delta rows too, from the padded rows attn_bwd_delta_wgmma_half writes.
+// A stage is full when its copies have landed, free again once every consumer warp has
+// arrived.
 // Entries no row may see are selected to zero, never multiplied by zero; in dQ the key rows
 // of a causal block's last tile past every key its rows see are zeroed, so that NaN or inf
 // in keys no query may see cannot reach dQ through 0 * NaN (rows past the sequence ends
@@ -111,17 +111,50 @@ struct BwdDqWgmmaHalfLayout {
     static_assert(KV_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "swizzled chunks");
 };
 
-// Thread 0 initializes the dK/dV pass's barriers: one of a single arrival (K and V landed),
-// STAGES of FULL_ARRIVALS (a stage full), STAGES of EMPTY_ARRIVALS (free again); the block
-// waits until it has. (init_mbarriers, wgmma.cuh, with full barriers of more than one arrival.)
-template <int STAGES, int FULL_ARRIVALS, int EMPTY_ARRIVALS>
-__device__ __forceinline__ void init_dkdv_barriers(unsigned long long* bars) {
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < 1 + STAGES; ++i) mbarrier_init(&bars[i], i < 1 ? 1 : FULL_ARRIVALS);
-        for (int i = 1 + STAGES; i < 1 + 2 * STAGES; ++i) mbarrier_init(&bars[i], EMPTY_ARRIVALS);
-        fence_mbarrier_init();
+// Rows of lse * log2(e) and of delta that a (batch, query head) has in the dK/dV pass's copies:
+// whole query tiles, so that each tile's rows are one bulk copy.
+__host__ __device__ constexpr int padded_query_rows(int seqlen_q, int block_m) {
+    return (seqlen_q + block_m - 1) / block_m * block_m;
+}
+
+// delta = rowsum(dO * O) (B, Hq, Sq) as attn_bwd_delta's, and for the dK/dV pass both rows
+// per head padded with zeros to `rows` (padded_query_rows): rows_out [2][B * Hq * rows] holds
+// lse * log2(e), then delta. A warp per ROWS_PER_WARP consecutive padded rows.
+template <typename T, int NUM_WARPS, int ROWS_PER_WARP>
+__global__ void
+__launch_bounds__(NUM_WARPS * 32)
+    attn_bwd_delta_wgmma_half(const T* __restrict__ dout, const T* __restrict__ out, const float* __restrict__ lse,
+                              float* __restrict__ delta, float* __restrict__ rows_out, long long do_sb,
+                              long long do_ss, long long do_sh, long long o_sb, long long o_ss, long long o_sh,
+                              int n_heads_q, int seqlen_q, int head_dim_v, int rows, long long total_rows) {
+    const long long row0 = ((long long)blockIdx.x * NUM_WARPS + threadIdx.x / 32) * ROWS_PER_WARP;
+    if (row0 >= total_rows) return;
+    const int lane = threadIdx.x % 32;
+    const T* a[ROWS_PER_WARP];
+    const T* c[ROWS_PER_WARP];
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const long long row = min(row0 + r, total_rows - 1);
+        const int i = min((int)(row % rows), seqlen_q - 1);  // padding: a row again, not stored
+        const long long bh = row / rows;
+        const int h = (int)(bh % n_heads_q);
+        const long long b = bh / n_heads_q;
+        a[r] = dout + b * do_sb + h * do_sh + i * do_ss;
+        c[r] = out + b * o_sb + h * o_sh + i * o_ss;
     }
-    __syncthreads();
+    float sum[ROWS_PER_WARP];
+    warp_row_dots<T, ROWS_PER_WARP>(a, c, head_dim_v, lane, sum);
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const long long row = row0 + r;
+        if (lane != 0 || row >= total_rows) continue;
+        const int i = (int)(row % rows);
+        const long long unpadded = row / rows * seqlen_q + i;
+        const bool ok = i < seqlen_q;
+        rows_out[row] = ok ? lse[unpadded] * LOG2E : 0.0f;
+        rows_out[total_rows + row] = ok ? sum[r] : 0.0f;
+        if (ok) delta[unpadded] = sum[r];
+    }
 }
 
 // Named barriers of the fused pass (5: the consumers' own): dS^T tile i % 2 written.
@@ -185,7 +218,7 @@ __device__ __forceinline__ void store_ds_tile(unsigned char* tile, int row, cons
 // ORDERED in the order of the key blocks.
 template <class L, typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool FUSED,
           bool ORDERED = false>
-__device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ lse, const float* __restrict__ delta,
+__device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ lse_log2, const float* __restrict__ delta,
                                                     T* __restrict__ dk, T* __restrict__ dv, long long dk_sb,
                                                     long long dk_ss, long long dk_sh, long long dv_sb, long long dv_ss,
                                                     long long dv_sh, int n_heads_q, int n_heads_kv, int seqlen_q,
@@ -213,7 +246,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + L::barriers);
     unsigned long long* kv_full = bars;
-    unsigned long long* full = bars + 1;  // [STAGES]: Q, dO landed, lse and delta written
+    unsigned long long* full = bars + 1;  // [STAGES]: Q, dO, lse and delta landed
     unsigned long long* empty = bars + 1 + STAGES;  // [STAGES]: every consumer warp done with it
     float* lse_tiles = reinterpret_cast<float*>(smem + L::lse_tiles);
     float* delta_tiles = reinterpret_cast<float*>(smem + L::delta_tiles);
@@ -247,8 +280,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                 mbarrier_init(&dq_empty[i], 1);
             }
     }
-    // full: the TMA thread's arrival and the lse warp's 32.
-    init_dkdv_barriers<STAGES, 33, NUM_WARPS>(bars);
+    init_mbarriers<1 + STAGES, STAGES, NUM_WARPS>(bars);
 
     if (warp >= NUM_WARPS) {  // the producer warpgroup
         setmaxnreg_dec<24>();
@@ -262,32 +294,23 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                 tma_load_4d(smem + L::k_tile + c * BLOCK_N * 128, &maps.k, c * 64, n0, h_kv, b, kv_full);
                 tma_load_4d(smem + L::v_tile + c * BLOCK_N * 128, &maps.v, c * 64, n0, h_kv, b, kv_full);
             }
+            const int rows = padded_query_rows(seqlen_q, BLOCK_M);
             for (int item = 0; item < n_items; ++item) {
                 const int stage = item % STAGES, round = item / STAGES;
                 const int hq = h_kv * kb.group + item / m_tiles, m0 = item_m0(item);
                 if (round > 0) mbarrier_wait(&empty[stage], (round - 1) & 1);
-                mbarrier_expect_tx(&full[stage], 2 * L::QD_BYTES);
+                mbarrier_expect_tx(&full[stage], 2 * L::QD_BYTES + 2 * BLOCK_M * 4);
                 unsigned char* qs = smem + L::q_tiles + stage * L::QD_BYTES;
                 unsigned char* dos = smem + L::do_tiles + stage * L::QD_BYTES;
                 for (int c = 0; c < D_CHUNKS; ++c) {
                     tma_load_4d(qs + c * BLOCK_M * 128, &maps.q, c * 64, m0, hq, b, &full[stage]);
                     tma_load_4d(dos + c * BLOCK_M * 128, &maps.dout, c * 64, m0, hq, b, &full[stage]);
                 }
+                const long long row = ((long long)b * n_heads_q + hq) * rows + m0;
+                bulk_load(lse_tiles + stage * BLOCK_M, lse_log2 + row, BLOCK_M * 4, &full[stage]);
+                bulk_load(delta_tiles + stage * BLOCK_M, delta + row, BLOCK_M * 4, &full[stage]);
             }
-        } else if (warp == NUM_WARPS + 1) {  // lse and delta of each query tile
-            for (int item = 0; item < n_items; ++item) {
-                const int stage = item % STAGES, round = item / STAGES;
-                const int hq = h_kv * kb.group + item / m_tiles, m0 = item_m0(item);
-                if (round > 0) mbarrier_wait(&empty[stage], (round - 1) & 1);
-                const long long row = ((long long)b * n_heads_q + hq) * seqlen_q + m0;
-                for (int i = lane; i < BLOCK_M; i += 32) {
-                    const bool ok = m0 + i < seqlen_q;
-                    lse_tiles[stage * BLOCK_M + i] = ok ? lse[row + i] * LOG2E : 0.0f;
-                    delta_tiles[stage * BLOCK_M + i] = ok ? delta[row + i] : 0.0f;
-                }
-                mbarrier_arrive(&full[stage]);
-            }
-        } else if (FUSED && warp == NUM_WARPS + 2 && lane == 0) {
+        } else if (FUSED && warp == NUM_WARPS + 1 && lane == 0) {
             if constexpr (FUSED) {
                 // The dQ warp: each item's dQ tile added to the accumulator by the TMA, ORDERED
                 // after the key blocks before this one have added theirs.
@@ -515,15 +538,15 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
 // maps)
 #define CUPYATTN_BWD_DKDV_WGMMA_HALF_PARAMS                                                                            \
     const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const T *__restrict__ dout,             \
-        const float *__restrict__ lse, const float *__restrict__ delta, T *__restrict__ dk, T *__restrict__ dv,        \
+        const float *__restrict__ lse_log2, const float *__restrict__ delta, T *__restrict__ dk, T *__restrict__ dv,   \
         long long q_sb, long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh,                \
         long long v_sb, long long v_ss, long long v_sh, long long do_sb, long long do_ss, long long do_sh,             \
         long long dk_sb, long long dk_ss, long long dk_sh, long long dv_sb, long long dv_ss, long long dv_sh,          \
         int n_heads_q, int n_heads_kv, int seqlen_q, int seqlen_k, int head_dim, int head_dim_v, int num_n_tiles,      \
         float scale, float scale_log2, int causal_offset, const __grid_constant__ BwdTmaMaps maps
 #define CUPYATTN_BWD_DKDV_WGMMA_HALF_ARGS                                                                              \
-    lse, delta, dk, dv, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh, n_heads_q, n_heads_kv, seqlen_q, seqlen_k, head_dim, \
-        head_dim_v, num_n_tiles, scale, scale_log2, causal_offset, maps
+    lse_log2, delta, dk, dv, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh, n_heads_q, n_heads_kv, seqlen_q, seqlen_k,      \
+        head_dim, head_dim_v, num_n_tiles, scale, scale_log2, causal_offset, maps
 
 template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>
 __global__ void
@@ -552,26 +575,47 @@ __global__ void __launch_bounds__(NUM_WARPS * 32 + 128, 1)
 
 // dq = scale * dq_accum rounded to T: dq_accum the fused pass's float32 tiles (B, Hq, m_tiles,
 // d_chunks, 64 x 64 in dq_tile_index order), dq (b, s, h) strided with its last dimension
-// contiguous. A thread a float4: columns c, c + 1 of rows r and r + 8.
+// contiguous. A block a 64-row tile: read whole into shared memory (a float4 a thread, in the
+// accumulator's order), then written row by row, eight columns a thread (one 16-byte store
+// where dq's rows allow it), so that both the reads and the writes are whole sectors.
 template <typename T, int NUM_WARPS>
 __global__ void __launch_bounds__(NUM_WARPS * 32)
     attn_bwd_dq_convert(const float* __restrict__ dq_accum, T* __restrict__ dq, long long dq_sb, long long dq_ss,
-                        long long dq_sh, int n_heads_q, int seqlen_q, int head_dim, int d_chunks, float scale,
-                        long long quads) {
-    const long long i = (long long)blockIdx.x * (NUM_WARPS * 32) + threadIdx.x;
-    if (i >= quads) return;
-    const int per_tile = d_chunks * 1024, m_tiles = (seqlen_q + 63) / 64;
-    const long long tile = i / per_tile, bh = tile / m_tiles;
-    const int within = (int)(i - tile * per_tile);
-    const int chunk = within / 1024, j = within % 1024 / 128, tid = within % 128;
-    const int lane = tid % 32, r = (int)(tile - bh * m_tiles) * 64 + tid / 32 * 16 + lane / 4;
-    const int c = chunk * 64 + j * 8 + 2 * (lane % 4);
-    if (c >= head_dim) return;
-    const float4 x = *reinterpret_cast<const float4*>(dq_accum + i * 4);
-    T* rows = dq + bh / n_heads_q * dq_sb + bh % n_heads_q * dq_sh + c;
-    if (r < seqlen_q) *reinterpret_cast<unsigned*>(rows + r * dq_ss) = HalfOps<T>::pack(x.x * scale, x.y * scale);
-    if (r + 8 < seqlen_q)
-        *reinterpret_cast<unsigned*>(rows + (r + 8) * dq_ss) = HalfOps<T>::pack(x.z * scale, x.w * scale);
+                        long long dq_sh, int n_heads_q, int seqlen_q, int head_dim, int d_chunks, float scale) {
+    constexpr int THREADS = NUM_WARPS * 32;
+    // Floats a row (at most two chunks), +8: a half-warp's float2 stores fall in distinct banks.
+    constexpr int STRIDE = 2 * 64 + 8;
+    __shared__ __align__(16) float rows[64 * STRIDE];
+    const int m_tiles = (seqlen_q + 63) / 64;
+    const long long tile = blockIdx.x, bh = tile / m_tiles;
+    const int m0 = (int)(tile - bh * m_tiles) * 64;
+    const float4* src = reinterpret_cast<const float4*>(dq_accum + tile * d_chunks * 4096);
+    for (int i = threadIdx.x; i < d_chunks * 1024; i += THREADS) {  // i = dq_tile_index(j, tid, 0) / 4
+        const int chunk = i / 1024, j = i % 1024 / 128, tid = i % 128, lane = tid % 32;
+        const int r = tid / 32 * 16 + lane / 4, c = chunk * 64 + j * 8 + 2 * (lane % 4);
+        const float4 x = src[i];
+        *reinterpret_cast<float2*>(&rows[r * STRIDE + c]) = make_float2(x.x, x.y);
+        *reinterpret_cast<float2*>(&rows[(r + 8) * STRIDE + c]) = make_float2(x.z, x.w);
+    }
+    __syncthreads();
+    T* out = dq + bh / n_heads_q * dq_sb + bh % n_heads_q * dq_sh;
+    const bool whole = reinterpret_cast<unsigned long long>(out) % 16 == 0 && dq_ss % 8 == 0;
+    const int units = head_dim / 8;  // (head_dim % 8 == 0)
+    for (int i = threadIdx.x; i < 64 * units; i += THREADS) {
+        const int r = i / units, u = i % units;
+        if (m0 + r >= seqlen_q) break;  // (rows in order: the rest are past the end too)
+        const float* x = &rows[r * STRIDE + u * 8];
+        unsigned w[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = HalfOps<T>::pack(x[2 * e] * scale, x[2 * e + 1] * scale);
+        T* dst = out + (long long)(m0 + r) * dq_ss + u * 8;
+        if (whole) {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) reinterpret_cast<unsigned*>(dst)[e] = w[e];
+        }
+    }
 }
 
 template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL>

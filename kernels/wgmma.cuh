@@ -112,17 +112,28 @@ __device__ __forceinline__ void mbarrier_arrive_warp(unsigned long long* bar) {
     if (threadIdx.x % 32 == 0) mbarrier_arrive(bar);
 }
 
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src to shared
-// dst; the barrier's current phase completes when they have landed.
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes,
-                                                    unsigned long long* bar) {
-    // copy probe
+// The barrier's current phase waits for `bytes` more bytes of copies (this thread's arrival
+// counted).
+__device__ __forceinline__ void mbarrier_expect_tx(unsigned long long* bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wg_smem_addr(bar)), "r"(bytes)
                  : "memory");
+}
+
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst,
+// counted on a barrier armed for them (mbarrier_expect_tx).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
                      wg_smem_addr(dst)),
                  "l"(src), "r"(bytes), "r"(wg_smem_addr(bar))
                  : "memory");
+}
+
+// bulk_load on a barrier this thread arms (and arrives at) for it alone: the barrier's
+// current phase completes when the bytes have landed.
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes,
+                                                    unsigned long long* bar) {
+    mbarrier_expect_tx(bar, bytes);
+    bulk_load(dst, src, bytes, bar);
 }
 
 // Wait until the barrier's phase of this parity (0, 1, 0, ... for its 1st, 2nd, 3rd

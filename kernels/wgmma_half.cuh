@@ -47,13 +47,6 @@ __device__ __forceinline__ unsigned long long desc_sw128(unsigned base, unsigned
     return (unsigned long long)lo | (0x40000040ull << 32);
 }
 
-// The barrier's current phase waits for `bytes` more bytes of TMA copies (this thread's
-// arrival counted).
-__device__ __forceinline__ void mbarrier_expect_tx(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wg_smem_addr(bar)), "r"(bytes)
-                 : "memory");
-}
-
 // One box of `map` at coordinates {c, r, h, b} (column, row, head, batch) into shared dst,
 // counted on bar; parts outside the array are zeros.
 __device__ __forceinline__ void tma_load_4d(void* dst, const TmaMap* map, int c, int r, int h, int b,

@@ -398,16 +398,22 @@ def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk,
     ],
 )
 def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_tile, causal, Sq, Sk):
-    """The float16 / bfloat16 wgmma backward passes (producer warpgroup: TMA tiles, and lse /
-    delta rows from its second warp; SS and RS wgmma; d_split 2 at D=256), every block, on
-    GQA 2:1 with partial query and key tiles, Sq != Sk, causal both ways (top-left: keys no
-    row sees hold NaN, those in a dQ block's last tile zeroed; fused, zeroed in K): no
-    deadlock, no race, no shared word read before it is written, FlashAttention's tolerance
-    against the float64 reference. dq_tile "fused" / "ordered": the fused pass (dS^T and dQ
-    through shared memory, dQ added to a float32 accumulator by bulk reductions, "ordered" in
-    the key blocks' turn) and attn_bwd_dq_convert."""
+    """The float16 / bfloat16 wgmma backward passes (delta and the padded lse / delta rows;
+    a producer warpgroup bringing TMA tiles and those rows by bulk copies; SS and RS wgmma;
+    d_split 2 at D=256), every block, on GQA 2:1 with partial query and key tiles, Sq != Sk,
+    causal both ways (top-left: keys no row sees hold NaN, those in a dQ block's last tile
+    zeroed; fused, zeroed in K): no deadlock, no race, no shared word read before it is
+    written, FlashAttention's tolerance against the float64 reference. dq_tile "fused" /
+    "ordered": the fused pass (dS^T and dQ through shared memory, dQ added to a float32
+    accumulator by bulk reductions, "ordered" in the key blocks' turn) and attn_bwd_dq_convert."""
     from cupyattn import testing
-    from cupyattn.plan import BwdDkdvWgmmaHalfConfig, BwdDqConvertConfig, BwdDqWgmmaHalfConfig, BwdFusedWgmmaHalfConfig
+    from cupyattn.plan import (
+        BwdDeltaWgmmaHalfConfig,
+        BwdDkdvWgmmaHalfConfig,
+        BwdDqConvertConfig,
+        BwdDqWgmmaHalfConfig,
+        BwdFusedWgmmaHalfConfig,
+    )
     from cupyattn.reference import attention_backward_reference, attention_reference, causal_offset
 
     if dtype == "bfloat16":
@@ -431,13 +437,26 @@ def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_
         k[:, Sq:], v[:, Sq:] = np.nan, np.nan
     out, lse = attention_reference(hq, hk, hv, causal)
     lse = np.ascontiguousarray(lse, dtype=np.float32)
-    delta = np.einsum("bshd,bshd->bhs", hdo.astype(np.float64), out).astype(np.float32)
     offset = causal_offset(causal, Sq, Sk) or 0
     scale = np.float32(1 / np.sqrt(D))
     sizes = (np.int32(Hq), np.int32(Hkv), np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D))
     tail = (scale, np.float32(scale * LOG2E), np.int32(offset))
-    inputs = (q, k, v, dout, lse, delta)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
+
+    # delta, and lse * log2(e) and delta in rows padded to the dK/dV pass's tiles
+    out_h = _half_array(np.ascontiguousarray(out), dtype)
+    prep = BwdDeltaWgmmaHalfConfig(dtype, block_m=dkdv.block_m)
+    rows = prep.padded_rows(Sq)
+    delta = np.full((B, Hq, Sq), np.nan, np.float32)
+    padded = np.full((2, B, Hq, rows), np.nan, np.float32)
+    total = B * Hq * rows
+    args = [dout, out_h, lse, delta, padded, *_strides(dout), *_strides(out_h), np.int32(Hq), np.int32(Sq)]
+    _run(prep, -(-total // prep.rows_per_block), [*args, np.int32(D), np.int32(rows), np.int64(total)])
+    exact = np.einsum("bshd,bshd->bhs", dout.astype(np.float64), out_h.astype(np.float64))
+    np.testing.assert_allclose(delta, exact, rtol=1e-5, atol=1e-5)
+    assert (padded[0, ..., :Sq] == (lse * np.float32(LOG2E))).all() and (padded[1, ..., :Sq] == delta).all()
+    assert (padded[:, ..., Sq:] == 0).all()
+    inputs = (q, k, v, dout, lse, delta)
 
     def maps(cfg):
         m = [_ptx_emulator.tensor_map(x, rows) for x, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n))]
@@ -446,7 +465,8 @@ def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_
     nan = np.full((B, Sk, Hkv, D), np.nan, np.float32)
     dk, dv = _half_array(nan, dtype), _half_array(nan, dtype)
     n_tiles = -(-Sk // dkdv.block_n)
-    args = [*inputs, dk, dv, *strides, *_strides(dk), *_strides(dv), *sizes, np.int32(n_tiles), *tail, maps(dkdv)]
+    args = [q, k, v, dout, padded[0], padded[1], dk, dv, *strides, *_strides(dk), *_strides(dv), *sizes]
+    args += [np.int32(n_tiles), *tail, maps(dkdv)]
     dq = _half_array(np.full((B, Sq, Hq, D), np.nan, np.float32), dtype)
     if fused:
         accum = np.zeros(dkdv.accumulator_shape(B, Hq, Sq), np.float32)
@@ -457,10 +477,8 @@ def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_
             firsts = [max(0, n * dkdv.block_n - offset) // 64 if causal else 0 for n in range(n_tiles)]
             assert (turns == [sum(f <= m for f in firsts) for m in range(m_tiles)]).all(), turns
         convert = BwdDqConvertConfig(dtype)
-        quads = accum.size // 4
         args = [accum, dq, *_strides(dq), np.int32(Hq), np.int32(Sq), np.int32(D), np.int32(dkdv.d_chunks), scale]
-        args.append(np.int64(quads))
-        _run(convert, -(-quads // convert.threads), args, 0)
+        _run(convert, B * Hq * m_tiles, args, 0)
     else:
         _run(dkdv, n_tiles * B * Hkv, args, dkdv.layout.total)
         m_tiles = -(-Sq // dq_cfg.block_m)

@@ -44,6 +44,7 @@ from .problem import (
 from .simt import (
     MAX_ACCUMULATORS_PER_LANE,
     BwdDeltaConfig,
+    BwdDeltaWgmmaHalfConfig,
     BwdDkdvSimtConfig,
     BwdDqConvertConfig,
     BwdDqSimtConfig,
@@ -84,6 +85,7 @@ __all__ = [
     "AttentionProblem",
     "BackwardPlan",
     "BwdDeltaConfig",
+    "BwdDeltaWgmmaHalfConfig",
     "BwdDkdvMmaConfig",
     "BwdDkdvSimtConfig",
     "BwdDkdvWgmmaConfig",

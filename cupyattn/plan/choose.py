@@ -16,6 +16,7 @@ from .problem import AttentionProblem, blocks_per_sm, mma_eligible, mma_head_dim
 from .simt import (
     MAX_ACCUMULATORS_PER_LANE,
     BwdDeltaConfig,
+    BwdDeltaWgmmaHalfConfig,
     BwdDkdvSimtConfig,
     BwdDqConvertConfig,
     BwdDqSimtConfig,
@@ -348,7 +349,10 @@ def plan_forward(problem: AttentionProblem, device: DeviceSpec, policy: Policy |
 
 def _delta_launch(problem: AttentionProblem, dkdv: Plan) -> BwdDeltaConfig | None:
     """delta's own launch, unless the dK/dV pass stages its query tiles (the staging
-    launch computes delta from the dO it reads: BackwardPlan)."""
+    launch computes delta from the dO it reads: BackwardPlan); for the float16 / bfloat16
+    wgmma dK/dV pass, with its tiles' lse and delta rows padded for bulk copies."""
+    if isinstance(dkdv.config, BwdDkdvWgmmaHalfConfig):
+        return BwdDeltaWgmmaHalfConfig(problem.dtype, block_m=dkdv.config.block_m)
     staging = getattr(dkdv.config, "staging", None)
     return None if staging is not None and staging.queries else BwdDeltaConfig(problem.dtype)
 

@@ -145,10 +145,12 @@ class BwdDqSimtConfig(SimtConfig):
 @dataclasses.dataclass(frozen=True)
 class BwdDqConvertConfig:
     """``attn_bwd_dq_convert``: dq = scale * the fused pass's float32 dQ accumulator,
-    rounded to dq's dtype (float16 / bfloat16), four columns a thread, no shared memory."""
+    rounded to dq's dtype (float16 / bfloat16); a block a 64-row tile, through static shared
+    memory so that its reads and its writes both are whole sectors."""
 
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dq_convert"
     HEADER: ClassVar[str] = "attn_bwd_wgmma_half.cuh"
+    STATIC_SMEM_BYTES: ClassVar[int] = 64 * (2 * 64 + 8) * 4  # the kernel's rows[64 * STRIDE]
 
     dtype: str
     num_warps: int = 8
@@ -193,3 +195,20 @@ class BwdDeltaConfig:
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
     def layout(self) -> Layout:
         return Layout(())
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdDeltaWgmmaHalfConfig(BwdDeltaConfig):
+    """``attn_bwd_delta_wgmma_half``: delta as ``attn_bwd_delta``'s, and for the float16 /
+    bfloat16 wgmma dK/dV pass of ``block_m`` query rows a tile, lse * log2(e) and delta again
+    in rows padded with zeros to whole tiles (``padded_rows``): the pass's producer brings each
+    tile's with two bulk copies."""
+
+    block_m: int = 64
+
+    KERNEL: ClassVar[str] = "cupyattn::attn_bwd_delta_wgmma_half"
+    HEADER: ClassVar[str] = "attn_bwd_wgmma_half.cuh"
+
+    def padded_rows(self, seqlen_q: int) -> int:
+        """Rows a (batch, query head) has in the padded copies (kernel: padded_query_rows)."""
+        return -(-seqlen_q // self.block_m) * self.block_m

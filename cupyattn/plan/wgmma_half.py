@@ -194,13 +194,13 @@ class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
         b = self._swizzled(b, "q_tiles", m, s)
         return (
             self._swizzled(b, "do_tiles", m, s)
-            .add("lse_tiles", (s, m), "float32", "lse * log2(e) per query row, written by a producer warp")
-            .add("delta_tiles", (s, m), "float32", "rowsum(dO * O) per query row, written by a producer warp")
+            .add("lse_tiles", (s, m), "float32", "lse * log2(e) per query row (bulk copy of the delta launch's rows)")
+            .add("delta_tiles", (s, m), "float32", "rowsum(dO * O) per query row (bulk copy, as lse)")
             .add(
                 "barriers",
                 (1 + 2 * s,),
                 "uint64",
-                "mbarriers: K and V landed; per stage Q, dO landed and lse, delta written; the stage free again",
+                "mbarriers: K and V landed; per stage Q, dO, lse and delta landed; the stage free again",
             )
         )
 
@@ -213,8 +213,8 @@ class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
         )
         return (
             f"a producer warpgroup ({PRODUCER_REGISTERS} registers a thread, setmaxnreg): its first thread "
-            f"issues the TMA copies of K, V and each query tile's Q and dO, its second warp copies lse and "
-            f"delta; {self.num_warps // 4} consumer warpgroups ({CONSUMER_REGISTERS} registers) of {keys}: "
+            f"issues the TMA copies of K, V and each query tile's Q, dO, lse and delta rows; "
+            f"{self.num_warps // 4} consumer warpgroups ({CONSUMER_REGISTERS} registers) of {keys}: "
             "S^T = K Q^T and dP^T = V dO^T (wgmma, shared memory), P^T and dS^T in registers, "
             "dV += P^T dO and dK += dS^T Q (wgmma, P^T and dS^T from registers)"
         )
@@ -286,7 +286,7 @@ class BwdFusedWgmmaHalfConfig(BwdDkdvWgmmaHalfConfig):
         return (
             f"{super().work_split}; each query tile's dS^T into a shared tile, from which each warpgroup "
             "computes a 64-column chunk of dQ = dS K (wgmma, shared memory) into a float32 shared tile; "
-            "the producer warpgroup's third warp adds that tile to a float32 accumulator (TMA bulk "
+            "the producer warpgroup's second warp adds that tile to a float32 accumulator (TMA bulk "
             f"reduction), {order}; a last launch (attn_bwd_dq_convert) scales and rounds it into dq"
         )
 
