@@ -357,8 +357,19 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     // DEFER: the last item's dV and dK products run on into the next item, whose S^T wait
     // sees them completed and releases their stage (pending). Where ptxas has the registers
     // for it (up to 160 accumulators a thread): past that it serializes every wgmma instead.
-    constexpr bool DEFER = D_PART + BLOCK_M <= 160;
+    // Fused, dK reads dS^T from its shared tile, so that only accumulators outlive an item and
+    // its last product may run on at every head dim.
+    constexpr bool DEFER = FUSED || D_PART + BLOCK_M <= 160;
     unsigned pa[M_BLOCKS / 2][4], dsa[M_BLOCKS / 2][4];
+    auto fence_register_operands = [&] {  // (the unfused dV's P^T and dK's dS^T)
+        if constexpr (!FUSED) {
+#pragma unroll
+            for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
+                fence_operand(pa[kk]);
+                fence_operand(dsa[kk]);
+            }
+        }
+    };
     int pending = -1;
     mbarrier_wait(kv_full, 0);
     if constexpr (FUSED) {
@@ -397,11 +408,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             wgmma_wait<1>();
             fence_operand(s);
             if (DEFER && pending >= 0) {
-#pragma unroll
-                for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
-                    fence_operand(pa[kk]);
-                    fence_operand(dsa[kk]);
-                }
+                fence_register_operands();
                 mbarrier_arrive_warp(&empty[pending]);
             }
             // Two loops, not one with needs_mask in every select: most tiles need no mask.
@@ -447,11 +454,19 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             }
             pack_a_operands<T>(dsa, dp);
             const unsigned q_part = q_addr + d_part * PART_CHUNKS * BLOCK_M * 128;
-            auto issue_dk = [&] {  // dK += dS^T Q
+            unsigned char* ds_tile = nullptr;  // (fused: this item's dS^T tile)
+            if constexpr (FUSED) ds_tile = smem + L::ds_tiles + item % 2 * L::DS_BYTES;
+            auto issue_dk = [&] {  // dK += dS^T Q (fused: dS^T, K-major, from the warpgroup's rows of ds_tile)
                 wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < M_BLOCKS / 2; ++kk)
-                    WgD::template rs<true>(dk_acc, dsa[kk], desc_sw128(q_part, BLOCK_M * 128, kk * 2048));
+                for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
+                    const auto b = desc_sw128(q_part, BLOCK_M * 128, kk * 2048);
+                    if constexpr (FUSED)
+                        WgD::template ss<true, false, true>(
+                            dk_acc, kmajor_step(wg_smem_addr(ds_tile) + key_wg * 64 * 128, BLOCK_N, kk), b);
+                    else
+                        WgD::template rs<true>(dk_acc, dsa[kk], b);
+                }
                 wgmma_commit();
             };
             if constexpr (FUSED) {
@@ -459,7 +474,6 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                 // 64-column chunk of dQ = dS K a warpgroup (D_CHUNKS 1: every other item),
                 // added to dq_accum while dK's products run. (Each branch issues and waits
                 // whole: ptxas serializes wgmmas across one.)
-                unsigned char* ds_tile = smem + L::ds_tiles + item % 2 * L::DS_BYTES;
                 store_ds_tile(ds_tile, key_wg * 64 + (warp % 4) * 16 + g, dsa, t);
                 fence_proxy_async();
                 const int dq_chunk = (wg + item) % 2;
@@ -495,6 +509,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                     mbarrier_arrive_warp(&dq_full[buf]);
                 } else {
                     named_barrier_arrive(DS_READY + item % 2, CONSUMERS);
+                    warpgroup_barrier(wg);  // (the warpgroup's dS^T rows, which dK reads, written)
                     issue_dk();
                 }
             } else {
@@ -507,22 +522,14 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
         }
         if (!DEFER || pending >= 0) {  // (a skipped item after one whose products still run)
             wgmma_wait<0>();
-#pragma unroll
-            for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
-                fence_operand(pa[kk]);
-                fence_operand(dsa[kk]);
-            }
+            fence_register_operands();
             if (DEFER) mbarrier_arrive_warp(&empty[pending]);
             pending = -1;
         }
         mbarrier_arrive_warp(&empty[stage]);
     }
     wgmma_wait<0>();
-#pragma unroll
-    for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
-        fence_operand(pa[kk]);
-        fence_operand(dsa[kk]);
-    }
+    fence_register_operands();
     fence_operand(dv_acc);
     fence_operand(dk_acc);
     if (pending >= 0) mbarrier_arrive_warp(&empty[pending]);

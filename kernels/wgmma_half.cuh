@@ -158,20 +158,28 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
         "+f"(d[j + 1][2]), "+f"(d[j + 1][3])
 
 // d (+)= A B, m64nNk16, S = __half or __nv_bfloat16 operands. ss: A and B by descriptor,
-// both K-major (MN_MAJOR: both MN-major, A read as V is); rs: A from registers (4 words),
+// both K-major (MN_MAJOR: both MN-major, A read as V is; B_MN_MAJOR alone: B MN-major, A
+// K-major); rs: A from registers (4 words),
 // B by descriptor, MN-major (transposed).
 // ACCUMULATE = false overwrites d (scale-d = 0).
 template <typename S, int N>
 struct WgmmaHalf;
 
 #define CUPYATTN_WGMMA_HALF_TYPED(TY, N, REGS, SS_A, SS_B, SS_P, RS_A, RS_B, RS_P, ...)                                \
-    template <bool ACCUMULATE, bool MN_MAJOR>                                                                          \
+    template <bool ACCUMULATE, bool MN_MAJOR, bool B_MN_MAJOR>                                                         \
     __device__ static void ss_##TY(float (&d)[N / 8][4], unsigned long long a, unsigned long long b) {                 \
         if constexpr (MN_MAJOR)                                                                                        \
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_P                                                      \
                          ", 0;\n"                                                                                      \
                          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " {" REGS "}, " SS_A ", " SS_B  \
                          ", p, 1, 1, 1, 1;\n}\n"                                                                       \
+                         : __VA_ARGS__                                                                                 \
+                         : "l"(a), "l"(b), "n"((int)ACCUMULATE));                                                      \
+        else if constexpr (B_MN_MAJOR)                                                                                 \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_P                                                      \
+                         ", 0;\n"                                                                                      \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " {" REGS "}, " SS_A ", " SS_B  \
+                         ", p, 1, 1, 0, 1;\n}\n"                                                                       \
                          : __VA_ARGS__                                                                                 \
                          : "l"(a), "l"(b), "n"((int)ACCUMULATE));                                                      \
         else                                                                                                           \
@@ -197,12 +205,12 @@ struct WgmmaHalf;
     struct WgmmaHalf<S, N> {                                                                                           \
         CUPYATTN_WGMMA_HALF_TYPED(f16, N, REGS, SS_A, SS_B, SS_P, RS_A, RS_B, RS_P, __VA_ARGS__)                       \
         CUPYATTN_WGMMA_HALF_TYPED(bf16, N, REGS, SS_A, SS_B, SS_P, RS_A, RS_B, RS_P, __VA_ARGS__)                      \
-        template <bool ACCUMULATE, bool MN_MAJOR = false>                                                              \
+        template <bool ACCUMULATE, bool MN_MAJOR = false, bool B_MN_MAJOR = MN_MAJOR>                                  \
         __device__ static void ss(float (&d)[N / 8][4], unsigned long long a, unsigned long long b) {                  \
             if constexpr (same_type<S, __half>)                                                                        \
-                ss_f16<ACCUMULATE, MN_MAJOR>(d, a, b);                                                                 \
+                ss_f16<ACCUMULATE, MN_MAJOR, B_MN_MAJOR>(d, a, b);                                                     \
             else                                                                                                       \
-                ss_bf16<ACCUMULATE, MN_MAJOR>(d, a, b);                                                                \
+                ss_bf16<ACCUMULATE, MN_MAJOR, B_MN_MAJOR>(d, a, b);                                                    \
         }                                                                                                              \
         template <bool ACCUMULATE>                                                                                     \
         __device__ static void rs(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) {                \
