@@ -11,7 +11,8 @@
 //   to A operands in registers:
 //     S^T  = K Q^T,  dP^T = V dO^T                    (SS: both operands K-major)
 //     P^T  = exp2(S^T scale log2 e - lse log2 e),  dS^T = P^T (dP^T - delta)
-//     dV  += P^T dO,  dK += dS^T Q                    (RS: Q, dO read MN-major)
+//     dV  += P^T dO,  dK += dS^T Q                    (RS: Q, dO read MN-major; fused, dK
+//                                                      reads dS^T from its shared tile, SS)
 // attn_bwd_dq_wgmma_half: a block owns BLOCK_M query rows (64 a consumer warpgroup); Q and
 //   dO stay, K and V tiles stream through STAGES stages:
 //     S = Q K^T, dP = dO V^T (SS), dS = P (dP - delta), dQ += dS K (RS: K read MN-major).

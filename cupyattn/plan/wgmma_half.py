@@ -257,8 +257,8 @@ class BwdFusedWgmmaHalfConfig(BwdDkdvWgmmaHalfConfig):
                 "ds_tiles",
                 (2, self.block_n, self.block_m),
                 self.dtype,
-                "dS^T (keys x queries, 128-byte swizzled) of two query tiles: one written while the last one's "
-                "dQ may still read the other",
+                "dS^T (keys x queries, 128-byte swizzled) of two query tiles, which dQ and dK read: one written "
+                "while the last one's products may still read the other",
                 align=SWIZZLE_ALIGN,
             )
             .add(
@@ -284,8 +284,9 @@ class BwdFusedWgmmaHalfConfig(BwdDkdvWgmmaHalfConfig):
             else "in whatever order the blocks get there"
         )
         return (
-            f"{super().work_split}; each query tile's dS^T into a shared tile, from which each warpgroup "
-            "computes a 64-column chunk of dQ = dS K (wgmma, shared memory) into a float32 shared tile; "
+            f"{super().work_split}, except that dK reads dS^T from a shared tile: each query tile's dS^T goes "
+            "there, and from it each warpgroup also computes a 64-column chunk of dQ = dS K (wgmma, shared "
+            "memory) into a float32 shared tile; "
             "the producer warpgroup's second warp adds that tile to a float32 accumulator (TMA bulk "
             f"reduction), {order}; a last launch (attn_bwd_dq_convert) scales and rounds it into dq"
         )
@@ -297,7 +298,8 @@ class BwdFusedWgmmaHalfConfig(BwdDkdvWgmmaHalfConfig):
         return (batch, heads_q, -(-seqlen_q // self.block_m), self.d_chunks * self.block_m * 64)
 
     # accumulators_per_lane as the dK/dV pass's: dQ's chunk (32) lives once S^T and dP^T have
-    # become the packed P^T and dS^T.
+    # become the packed P^T and dS^T; no packed operand outlives an item (dK reads dS^T from
+    # shared memory), so its last product runs on into the next at every head dim.
 
 
 @dataclasses.dataclass(frozen=True)
