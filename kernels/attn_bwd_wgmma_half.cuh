@@ -11,8 +11,8 @@
 //   to A operands in registers:
 //     S^T  = K Q^T,  dP^T = V dO^T                    (SS: both operands K-major)
 //     P^T  = exp2(S^T scale log2 e - lse log2 e),  dS^T = P^T (dP^T - delta)
-//     dV  += P^T dO,  dK += dS^T Q                    (RS: Q, dO read MN-major; fused, dK
-//                                                      reads dS^T from its shared tile, SS)
+//     dV  += P^T dO,  dK += dS^T Q                    (RS: Q, dO read MN-major; fused past
+//                                                      head dim 64, dK's dS^T from its tile)
 // attn_bwd_dq_wgmma_half: a block owns BLOCK_M query rows (64 a consumer warpgroup); Q and
 //   dO stay, K and V tiles stream through STAGES stages:
 //     S = Q K^T, dP = dO V^T (SS), dS = P (dP - delta), dQ += dS K (RS: K read MN-major).
@@ -358,17 +358,16 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     // DEFER: the last item's dV and dK products run on into the next item, whose S^T wait
     // sees them completed and releases their stage (pending). Where ptxas has the registers
     // for it (up to 160 accumulators a thread): past that it serializes every wgmma instead.
-    // Fused, dK reads dS^T from its shared tile, so that only accumulators outlive an item and
-    // its last product may run on at every head dim.
-    constexpr bool DEFER = FUSED || D_PART + BLOCK_M <= 160;
+    // Fused, past that dK reads dS^T from its shared tile (DK_FROM_TILE), so that no register
+    // operand outlives an item and its dK product may still run on.
+    constexpr bool DK_FROM_TILE = FUSED && D_PART + BLOCK_M > 160;
+    constexpr bool DEFER = DK_FROM_TILE || D_PART + BLOCK_M <= 160;
     unsigned pa[M_BLOCKS / 2][4], dsa[M_BLOCKS / 2][4];
-    auto fence_register_operands = [&] {  // (the unfused dV's P^T and dK's dS^T)
-        if constexpr (!FUSED) {
+    auto fence_register_operands = [&] {  // (fused, dV has completed within its item)
 #pragma unroll
-            for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
-                fence_operand(pa[kk]);
-                fence_operand(dsa[kk]);
-            }
+        for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
+            if constexpr (!FUSED) fence_operand(pa[kk]);
+            if constexpr (!DK_FROM_TILE) fence_operand(dsa[kk]);
         }
     };
     int pending = -1;
@@ -457,12 +456,12 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             const unsigned q_part = q_addr + d_part * PART_CHUNKS * BLOCK_M * 128;
             unsigned char* ds_tile = nullptr;  // (fused: this item's dS^T tile)
             if constexpr (FUSED) ds_tile = smem + L::ds_tiles + item % 2 * L::DS_BYTES;
-            auto issue_dk = [&] {  // dK += dS^T Q (fused: dS^T, K-major, from the warpgroup's rows of ds_tile)
+            auto issue_dk = [&] {  // dK += dS^T Q (DK_FROM_TILE: dS^T, K-major, from the warpgroup's rows)
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
                     const auto b = desc_sw128(q_part, BLOCK_M * 128, kk * 2048);
-                    if constexpr (FUSED)
+                    if constexpr (DK_FROM_TILE)
                         WgD::template ss<true, false, true>(
                             dk_acc, kmajor_step(wg_smem_addr(ds_tile) + key_wg * 64 * 128, BLOCK_N, kk), b);
                     else
@@ -510,7 +509,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                     mbarrier_arrive_warp(&dq_full[buf]);
                 } else {
                     named_barrier_arrive(DS_READY + item % 2, CONSUMERS);
-                    warpgroup_barrier(wg);  // (the warpgroup's dS^T rows, which dK reads, written)
+                    if constexpr (DK_FROM_TILE) warpgroup_barrier(wg);  // (the dS^T rows dK reads written)
                     issue_dk();
                 }
             } else {

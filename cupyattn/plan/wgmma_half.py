@@ -284,12 +284,18 @@ class BwdFusedWgmmaHalfConfig(BwdDkdvWgmmaHalfConfig):
             else "in whatever order the blocks get there"
         )
         return (
-            f"{super().work_split}, except that dK reads dS^T from a shared tile: each query tile's dS^T goes "
-            "there, and from it each warpgroup also computes a 64-column chunk of dQ = dS K (wgmma, shared "
-            "memory) into a float32 shared tile; "
+            f"{super().work_split}{', dK reading dS^T from shared memory' if self.dk_from_tile else ''}; "
+            "each query tile's dS^T into a shared tile, from which each warpgroup computes a 64-column chunk "
+            "of dQ = dS K (wgmma, shared memory) into a float32 shared tile; "
             "the producer warpgroup's second warp adds that tile to a float32 accumulator (TMA bulk "
             f"reduction), {order}; a last launch (attn_bwd_dq_convert) scales and rounds it into dq"
         )
+
+    @property
+    def dk_from_tile(self) -> bool:
+        """Whether dK reads dS^T from its shared tile (kernel: DK_FROM_TILE): where dS^T kept in
+        registers would leave ptxas too few to let an item's dK product run on into the next."""
+        return 64 * self.d_chunks + self.block_m > 160
 
     def accumulator_shape(self, batch: int, heads_q: int, seqlen_q: int) -> tuple[int, int, int, int]:
         """The float32 dQ accumulator it adds into: (batch, query head, query tile) tiles of
@@ -298,8 +304,7 @@ class BwdFusedWgmmaHalfConfig(BwdDkdvWgmmaHalfConfig):
         return (batch, heads_q, -(-seqlen_q // self.block_m), self.d_chunks * self.block_m * 64)
 
     # accumulators_per_lane as the dK/dV pass's: dQ's chunk (32) lives once S^T and dP^T have
-    # become the packed P^T and dS^T; no packed operand outlives an item (dK reads dS^T from
-    # shared memory), so its last product runs on into the next at every head dim.
+    # become the packed P^T and dS^T.
 
 
 @dataclasses.dataclass(frozen=True)
