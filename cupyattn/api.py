@@ -631,8 +631,8 @@ class BackwardLaunch:
             elif getattr(cfg, "TMA_MAPS", False):
                 layouts = tuple((tuple(map(int, arrays[n].shape)), tuple(map(int, arrays[n].strides))) for n in names)
                 last = (_Maps(names, layouts, (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m), call.dtype),)
-            rows = ("lse_rows", "delta_rows") if name == "dkdv" and padded_shape is not None else ("lse", "delta")
-            return (*map(A, names), *map(A, rows)), strides(*names), last
+            row_names = ("lse_rows", "delta_rows") if name == "dkdv" and padded_shape is not None else ("lse", "delta")
+            return (*map(A, names), *map(A, row_names)), strides(*names), last
 
         cfg = bplan.dkdv.config
         ptrs, operand_strides, last = reads("dkdv", bplan.dkdv)

@@ -361,13 +361,18 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     // Fused, past that dK reads dS^T from its shared tile (DK_FROM_TILE), so that no register
     // operand outlives an item and its dK product may still run on.
     constexpr bool DK_FROM_TILE = FUSED && D_PART + BLOCK_M > 160;
+    static_assert(!DK_FROM_TILE || D_CHUNKS == 2, "every item takes a dQ chunk (after the dS^T barrier)");
     constexpr bool DEFER = DK_FROM_TILE || D_PART + BLOCK_M <= 160;
     unsigned pa[M_BLOCKS / 2][4], dsa[M_BLOCKS / 2][4];
-    auto fence_register_operands = [&] {  // (fused, dV has completed within its item)
+    // The register A operands an item's last products may still read (none with DK_FROM_TILE:
+    // there dV has completed before the item's end, every item taking a dQ chunk).
+    auto fence_register_operands = [&] {
+        if constexpr (!DK_FROM_TILE) {
 #pragma unroll
-        for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
-            if constexpr (!FUSED) fence_operand(pa[kk]);
-            if constexpr (!DK_FROM_TILE) fence_operand(dsa[kk]);
+            for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
+                fence_operand(pa[kk]);
+                fence_operand(dsa[kk]);
+            }
         }
     };
     int pending = -1;
@@ -456,7 +461,9 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             const unsigned q_part = q_addr + d_part * PART_CHUNKS * BLOCK_M * 128;
             unsigned char* ds_tile = nullptr;  // (fused: this item's dS^T tile)
             if constexpr (FUSED) ds_tile = smem + L::ds_tiles + item % 2 * L::DS_BYTES;
-            auto issue_dk = [&] {  // dK += dS^T Q (DK_FROM_TILE: dS^T, K-major, from the warpgroup's rows)
+            // dK += dS^T Q; DK_FROM_TILE: dS^T from the warpgroup's 64 rows of ds_tile, K-major (one
+            // 64-query chunk: a k-step is 32 bytes into each 128-byte row).
+            auto issue_dk = [&] {
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
@@ -508,8 +515,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                     fence_proxy_async();
                     mbarrier_arrive_warp(&dq_full[buf]);
                 } else {
-                    named_barrier_arrive(DS_READY + item % 2, CONSUMERS);
-                    if constexpr (DK_FROM_TILE) warpgroup_barrier(wg);  // (the dS^T rows dK reads written)
+                    named_barrier_arrive(DS_READY + item % 2, CONSUMERS);  // (D_CHUNKS 1: dK from registers)
                     issue_dk();
                 }
             } else {
