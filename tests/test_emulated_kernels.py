@@ -388,6 +388,8 @@ def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk,
         ("bfloat16", 64, (64, 128, 8), (128, 64, 8), True, 200, 200),
         ("bfloat16", 72, (64, 128, 8), (128, 64, 8), "top_left", 70, 200),
         ("float16", 256, (64, 64, 8), (64, 64, 4), True, 65, 80),
+        # 80-query tiles: lse / delta rows padded to whole tiles of 80 (200 -> 240 rows a head)
+        ("bfloat16", 64, (80, 64, 4), (128, 64, 8), True, 200, 200),
         # fused (dq_tile "fused" or "ordered"): dQ chunks taking turns (64), one each (128, and 80
         # padded to 128)
         ("bfloat16", 64, (64, 128, 8), "fused", True, 200, 200),
