@@ -8,6 +8,8 @@ each tool; by hand, from a checkout:
 
     PYTHONPATH=. compute-sanitizer --tool memcheck python3 scripts/sanitize_cases.py
     PYTHONPATH=. compute-sanitizer --tool memcheck python3 scripts/sanitize_cases.py --planted memcheck
+
+--part half runs the float16 / bfloat16 wgmma cases alone (sm_90).
 """
 
 import argparse
@@ -42,8 +44,13 @@ CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal)
 ]
 
 
-def suite():
+def suite(part: str = "all"):
     rng = np.random.default_rng(0)
+    if part == "half":
+        n_half = _wgmma_half(rng)
+        cupy.cuda.Device().synchronize()
+        print(f"sanitize cases: {n_half} float16 / bfloat16 wgmma forwards and backwards (part half)")
+        return
     n = 0
     runs = [("float16", None), ("bfloat16", None)] + [("float32", p) for p in ("fp32", "tf32", "bf16", "fp16")]
     for dtype, precision in runs:
@@ -244,11 +251,12 @@ def planted(tool: str):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--planted", choices=TOOLS, default=None, help="run this tool's planted bug, not the suite")
+    parser.add_argument("--part", choices=("all", "half"), default="all", help="the whole suite, or its half part")
     args = parser.parse_args()
     if args.planted:
         planted(args.planted)
     else:
-        suite()
+        suite(args.part)
 
 
 if __name__ == "__main__":
