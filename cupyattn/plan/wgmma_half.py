@@ -216,8 +216,12 @@ class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
             f"issues the TMA copies of K, V and each query tile's Q, dO, lse and delta rows; "
             f"{self.num_warps // 4} consumer warpgroups ({CONSUMER_REGISTERS} registers) of {keys}: "
             "S^T = K Q^T and dP^T = V dO^T (wgmma, shared memory), P^T and dS^T in registers, "
-            "dV += P^T dO and dK += dS^T Q (wgmma, P^T and dS^T from registers)"
+            f"dV += P^T dO and dK += dS^T Q (wgmma, {self._dk_operands})"
         )
+
+    @property
+    def _dk_operands(self) -> str:
+        return "P^T and dS^T from registers"
 
     @property
     def accumulators_per_lane(self) -> int:  # dK, dV (their columns), S^T, dP^T; P^T and dS^T packed
@@ -284,12 +288,15 @@ class BwdFusedWgmmaHalfConfig(BwdDkdvWgmmaHalfConfig):
             else "in whatever order the blocks get there"
         )
         return (
-            f"{super().work_split}{', dK reading dS^T from shared memory' if self.dk_from_tile else ''}; "
-            "each query tile's dS^T into a shared tile, from which each warpgroup computes a 64-column chunk "
-            "of dQ = dS K (wgmma, shared memory) into a float32 shared tile; "
+            f"{super().work_split}; each query tile's dS^T into a shared tile, from which each warpgroup "
+            "computes a 64-column chunk of dQ = dS K (wgmma, shared memory) into a float32 shared tile; "
             "the producer warpgroup's second warp adds that tile to a float32 accumulator (TMA bulk "
             f"reduction), {order}; a last launch (attn_bwd_dq_convert) scales and rounds it into dq"
         )
+
+    @property
+    def _dk_operands(self) -> str:
+        return "P^T from registers, dS^T from its shared tile" if self.dk_from_tile else super()._dk_operands
 
     @property
     def dk_from_tile(self) -> bool:
