@@ -30,10 +30,10 @@ namespace cupyattn {
 
 constexpr float LOG2E = 1.4426950408889634f;
 
-// sum[r] = rowsum(a[r] * c[r]) over head_dim_v columns, each row summed as by a warp of its
-// own (lane l adds columns l, l + 32, ..., then the warp's sum), the rows' loads issued
-// together so that a warp has 2 x ROWS in flight (one row a warp: blocks too short for their
-// loads' latency, ~300 GB/s on the H200 at head dim 64).
+// sum[r]: this lane's part of rowsum(a[r] * c[r]) over head_dim_v columns (lane l adds columns
+// l, l + 32, ...; group_sum<32> makes the row's), the rows' loads issued together so that a
+// warp has 2 x ROWS in flight (one row a warp: blocks too short for their loads' latency,
+// ~300 GB/s on the H200 at head dim 64).
 template <typename T, int ROWS>
 __device__ __forceinline__ void warp_row_dots(const T* const (&a)[ROWS], const T* const (&c)[ROWS], int head_dim_v,
                                               int lane, float (&sum)[ROWS]) {
@@ -43,8 +43,6 @@ __device__ __forceinline__ void warp_row_dots(const T* const (&a)[ROWS], const T
     for (int d = lane; d < head_dim_v; d += 32)
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) sum[r] = fmaf(E::to_float(a[r][d]), E::to_float(c[r][d]), sum[r]);
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) sum[r] = group_sum<32>(sum[r]);
 }
 
 // delta = rowsum(dO * O), a warp per ROWS_PER_WARP consecutive (batch, head, row) rows;
@@ -74,8 +72,10 @@ attn_bwd_delta(const T* __restrict__ dout, const T* __restrict__ out, float* __r
     float sum[ROWS_PER_WARP];
     warp_row_dots<T, ROWS_PER_WARP>(a, c, head_dim_v, lane, sum);
 #pragma unroll
-    for (int r = 0; r < ROWS_PER_WARP; ++r)
-        if (lane == 0 && row0 + r < total_rows) delta[row0 + r] = sum[r];  // delta is (B, Hq, Sq) contiguous
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const float s = group_sum<32>(sum[r]);
+        if (lane == 0 && row0 + r < total_rows) delta[row0 + r] = s;  // delta is (B, Hq, Sq) contiguous
+    }
 }
 
 template <typename T, int D_PAD, int DV_PAD, int BLOCK_M, int BLOCK_N>

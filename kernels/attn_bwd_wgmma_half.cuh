@@ -147,14 +147,15 @@ __launch_bounds__(NUM_WARPS * 32)
     warp_row_dots<T, ROWS_PER_WARP>(a, c, head_dim_v, lane, sum);
 #pragma unroll
     for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const float s = group_sum<32>(sum[r]);
         const long long row = row0 + r;
         if (lane != 0 || row >= total_rows) continue;
         const int i = (int)(row % rows);
         const long long unpadded = row / rows * seqlen_q + i;
         const bool ok = i < seqlen_q;
         rows_out[row] = ok ? lse[unpadded] * LOG2E : 0.0f;
-        rows_out[total_rows + row] = ok ? sum[r] : 0.0f;
-        if (ok) delta[unpadded] = sum[r];
+        rows_out[total_rows + row] = ok ? s : 0.0f;
+        if (ok) delta[unpadded] = s;
     }
 }
 
