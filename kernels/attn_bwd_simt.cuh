@@ -45,6 +45,17 @@ __device__ __forceinline__ void warp_row_dots(const T* const (&a)[ROWS], const T
         for (int r = 0; r < ROWS; ++r) sum[r] = fmaf(E::to_float(a[r][d]), E::to_float(c[r][d]), sum[r]);
 }
 
+// Row i of dO and of O in (batch, query head) bh = b * n_heads_q + h, both (b, s, h) strided.
+template <typename T>
+__device__ __forceinline__ void delta_rows_at(const T* dout, const T* out, long long do_sb, long long do_ss,
+                                              long long do_sh, long long o_sb, long long o_ss, long long o_sh,
+                                              int n_heads_q, long long bh, int i, const T*& a, const T*& c) {
+    const int h = (int)(bh % n_heads_q);
+    const long long b = bh / n_heads_q;
+    a = dout + b * do_sb + h * do_sh + i * do_ss;
+    c = out + b * o_sb + h * o_sh + i * o_ss;
+}
+
 // delta = rowsum(dO * O), a warp per ROWS_PER_WARP consecutive (batch, head, row) rows;
 // rows are (b, s, h) strided.
 template <typename T, int NUM_WARPS, int ROWS_PER_WARP>
@@ -62,12 +73,8 @@ attn_bwd_delta(const T* __restrict__ dout, const T* __restrict__ out, float* __r
 #pragma unroll
     for (int r = 0; r < ROWS_PER_WARP; ++r) {
         const long long row = min(row0 + r, total_rows - 1);  // past the end: the last row again, not stored
-        const int i = (int)(row % seqlen_q);
-        const long long bh = row / seqlen_q;
-        const int h = (int)(bh % n_heads_q);
-        const long long b = bh / n_heads_q;
-        a[r] = dout + b * do_sb + h * do_sh + i * do_ss;
-        c[r] = out + b * o_sb + h * o_sh + i * o_ss;
+        delta_rows_at(dout, out, do_sb, do_ss, do_sh, o_sb, o_ss, o_sh, n_heads_q, row / seqlen_q,
+                      (int)(row % seqlen_q), a[r], c[r]);
     }
     float sum[ROWS_PER_WARP];
     warp_row_dots<T, ROWS_PER_WARP>(a, c, head_dim_v, lane, sum);

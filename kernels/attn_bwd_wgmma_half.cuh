@@ -137,11 +137,7 @@ __launch_bounds__(NUM_WARPS * 32)
     for (int r = 0; r < ROWS_PER_WARP; ++r) {
         const long long row = min(row0 + r, total_rows - 1);
         const int i = min((int)(row % rows), seqlen_q - 1);  // padding: a row again, not stored
-        const long long bh = row / rows;
-        const int h = (int)(bh % n_heads_q);
-        const long long b = bh / n_heads_q;
-        a[r] = dout + b * do_sb + h * do_sh + i * do_ss;
-        c[r] = out + b * o_sb + h * o_sh + i * o_ss;
+        delta_rows_at(dout, out, do_sb, do_ss, do_sh, o_sb, o_ss, o_sh, n_heads_q, row / rows, i, a[r], c[r]);
     }
     float sum[ROWS_PER_WARP];
     warp_row_dots<T, ROWS_PER_WARP>(a, c, head_dim_v, lane, sum);
