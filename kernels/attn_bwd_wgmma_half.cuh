@@ -6,13 +6,15 @@
 // attn_bwd_dkdv_wgmma_half: a block owns BLOCK_N keys of one key/value head; K and V stay
 //   in shared memory, Q and dO tiles of BLOCK_M query rows stream through STAGES stages over
 //   every query head of the GQA group, from the last query tile down. Each consumer
-//   warpgroup owns 64 keys (D_SPLIT = 2: two warpgroups share them, each keeping half of
-//   dK's and dV's columns) and works key-major, so that P^T and dS^T go from accumulators
+//   warpgroup owns 64 keys and works key-major, so that P^T and dS^T go from accumulators
 //   to A operands in registers:
 //     S^T  = K Q^T,  dP^T = V dO^T                    (SS: both operands K-major)
 //     P^T  = exp2(S^T scale log2 e - lse log2 e),  dS^T = P^T (dP^T - delta)
 //     dV  += P^T dO,  dK += dS^T Q                    (RS: Q, dO read MN-major; fused past
 //                                                      head dim 64, dK's dS^T from its tile)
+//   D_SPLIT = 2 (SPLIT_SCORES): two warpgroups share 64 keys, each keeping half of dK's and
+//   dV's columns and computing S^T and dP^T for half of the query tile; both halves of P^T and
+//   dS^T meet in shared tiles, from which both read dV's and dK's A operands (SS).
 // attn_bwd_dq_wgmma_half: a block owns BLOCK_M query rows (64 a consumer warpgroup); Q and
 //   dO stay, K and V tiles stream through STAGES stages:
 //     S = Q K^T, dP = dO V^T (SS), dS = P (dP - delta), dQ += dS K (RS: K read MN-major).
@@ -38,6 +40,9 @@
 //   lse_tiles   [STAGES][BLOCK_M]           float  lse * log2(e), 0 past the end
 //   delta_tiles [STAGES][BLOCK_M]           float
 //   barriers    [kv_full, full[STAGES], empty[STAGES]]  mbarrier
+// and D_SPLIT = 2 (plan.BwdDkdvWgmmaHalfConfig.split_scores) past those:
+//   p_tiles     [2][BLOCK_N][BLOCK_M]       T      P^T, swizzled
+//   ds_tiles    [2][BLOCK_N][BLOCK_M]       T      dS^T, swizzled
 // and plan.BwdDqWgmmaHalfConfig.layout:
 //   q_tile      [C][BLOCK_M][64]            T
 //   do_tile     [C][BLOCK_M][64]            T
@@ -75,6 +80,21 @@ struct BwdDkdvWgmmaHalfLayout {
     static constexpr int num_buffers = 7;
     static constexpr int offsets[num_buffers] = {k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, barriers};
     static_assert(KV_BYTES % 1024 == 0 && QD_BYTES % 1024 == 0, "swizzled chunks");
+};
+
+// The dK/dV pass whose warpgroup pairs split the scores (D_SPLIT 2): P^T and dS^T of two query
+// tiles, one pair written while the last item's products may still read the other.
+template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N>
+struct BwdDkdvSplitWgmmaHalfLayout : BwdDkdvWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N> {
+    using Base = BwdDkdvWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
+    static constexpr int DS_BYTES = BLOCK_N * BLOCK_M * 2;  // [BLOCK_N keys][BLOCK_M queries] T
+    static constexpr int p_tiles = (Base::total + 1023) / 1024 * 1024;
+    static constexpr int ds_tiles = p_tiles + 2 * DS_BYTES;
+    static constexpr int total = ds_tiles + 2 * DS_BYTES;
+    static constexpr int num_buffers = 9;
+    static constexpr int offsets[num_buffers] = {Base::k_tile,   Base::v_tile,    Base::q_tiles,
+                                                 Base::do_tiles, Base::lse_tiles, Base::delta_tiles,
+                                                 Base::barriers, p_tiles,         ds_tiles};
 };
 
 // The fused pass's: the dK/dV pass's, then two dS^T tiles (one item's written while the last
@@ -155,7 +175,8 @@ __launch_bounds__(NUM_WARPS * 32)
     }
 }
 
-// Named barriers of the fused pass (5: the consumers' own): dS^T tile i % 2 written.
+// Named barriers of the fused pass (5: the consumers' own): dS^T tile i % 2 written; in the
+// dK/dV pass with SPLIT_SCORES: both halves of P^T, then of dS^T, written.
 constexpr int DS_READY = 6;
 
 // f(r, c, x0, x1) for an m64 accumulator tile's warp rows r (g and g + 8, from row0) below
@@ -199,15 +220,17 @@ struct DqAccumulator {
 // 64 x 64 chunk of a dQ tile: each warp's stores of a float4 are 512 contiguous bytes.
 __host__ __device__ constexpr int dq_tile_index(int j, int tid, int e) { return j * 512 + tid * 4 + e; }
 
-// dS^T's packed A operands (bf16 / f16 pairs; rows row and row + 8 of the warp, 16 queries a
-// k-step) into a swizzled [keys][64 queries] tile: dQ = dS K reads it MN-major.
+// dS^T's (or P^T's) packed A operands (bf16 / f16 pairs; rows row and row + 8 of the warp, 16
+// queries a k-step, from query 8 * unit0) into a swizzled [keys][64 queries] tile: dQ = dS K
+// reads it MN-major, dK += dS^T Q and dV += P^T dO K-major.
 template <int KK>
-__device__ __forceinline__ void store_ds_tile(unsigned char* tile, int row, const unsigned (&a)[KK][4], int t) {
+__device__ __forceinline__ void store_ds_tile(unsigned char* tile, int row, const unsigned (&a)[KK][4], int t,
+                                              int unit0 = 0) {
 #pragma unroll
     for (int kk = 0; kk < KK; ++kk)
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-            const int r = row + (w % 2) * 8, unit = 2 * kk + w / 2;  // (a_from_acc's word order)
+            const int r = row + (w % 2) * 8, unit = unit0 + 2 * kk + w / 2;  // (a_from_acc's word order)
             *reinterpret_cast<unsigned*>(tile + r * 128 + ((unit ^ (r % 8)) * 16) + t * 4) = a[kk][w];
         }
 }
@@ -229,7 +252,11 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     constexpr int D_SPLIT = NUM_WARPS / 4 / KEY_WGS;  // warpgroups sharing 64 keys
     constexpr int PART_CHUNKS = D_CHUNKS / D_SPLIT;  // chunks of dK, dV a warpgroup keeps
     constexpr int D_PART = 64 * PART_CHUNKS;
-    constexpr int M_BLOCKS = BLOCK_M / 8;  // 8-query column blocks of S^T
+    // A pair sharing keys splits each query tile's scores (S_QUERIES each) rather than
+    // computing them twice; P^T and dS^T go through shared tiles of 64 queries.
+    constexpr bool SPLIT_SCORES = D_SPLIT == 2;
+    constexpr int S_QUERIES = BLOCK_M / D_SPLIT;  // the query columns of a warpgroup's S^T
+    constexpr int M_BLOCKS = S_QUERIES / 8;  // 8-query column blocks of S^T
     constexpr int K_STEPS = D_PAD / 16;
     static_assert(same_type<T, __half> || same_type<T, __nv_bfloat16>, "16-bit inputs");
     static_assert(BLOCK_N % 64 == 0 && NUM_WARPS % 4 == 0 && (NUM_WARPS / 4) % KEY_WGS == 0, "64 keys a warpgroup");
@@ -237,7 +264,9 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     static_assert(D_PAD % 16 == 0 && BLOCK_M % 16 == 0, "tile shape");
     static_assert(!FUSED || (BLOCK_M == 64 && KEY_WGS == 2 && D_SPLIT == 1 && D_CHUNKS <= 2),
                   "fused: a 64-query dS^T tile of two warpgroups' keys, at most one dQ chunk each");
-    using WgS = WgmmaHalf<T, BLOCK_M>;
+    static_assert(D_SPLIT <= 2 && (!SPLIT_SCORES || (!FUSED && KEY_WGS == 1 && BLOCK_M == 64)),
+                  "split scores: one pair of warpgroups, 64-query P^T and dS^T tiles");
+    using WgS = WgmmaHalf<T, S_QUERIES>;
     using WgD = WgmmaHalf<T, D_PART>;
     using WgQ = WgmmaHalf<T, 64>;
 
@@ -359,12 +388,13 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     // operand outlives an item and its dK product may still run on.
     constexpr bool DK_FROM_TILE = FUSED && D_PART + BLOCK_M > 160;
     static_assert(!DK_FROM_TILE || D_CHUNKS == 2, "every item takes a dQ chunk (after the dS^T barrier)");
-    constexpr bool DEFER = DK_FROM_TILE || D_PART + BLOCK_M <= 160;
+    // SPLIT_SCORES: no register operands.
+    constexpr bool DEFER = DK_FROM_TILE || SPLIT_SCORES || D_PART + BLOCK_M <= 160;
     unsigned pa[M_BLOCKS / 2][4], dsa[M_BLOCKS / 2][4];
     // The register A operands an item's last products may still read (none with DK_FROM_TILE:
     // there dV has completed before the item's end, every item taking a dQ chunk).
     auto fence_register_operands = [&] {
-        if constexpr (!DK_FROM_TILE) {
+        if constexpr (!DK_FROM_TILE && !SPLIT_SCORES) {
 #pragma unroll
             for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
                 fence_operand(pa[kk]);
@@ -389,8 +419,9 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
         const int m0 = item_m0(item);
         const unsigned q_addr = wg_smem_addr(smem + L::q_tiles + stage * L::QD_BYTES);
         const unsigned do_addr = wg_smem_addr(smem + L::do_tiles + stage * L::QD_BYTES);
-        const float* lse_s = lse_tiles + stage * BLOCK_M;
-        const float* delta_s = delta_tiles + stage * BLOCK_M;
+        const int q0 = SPLIT_SCORES ? d_part * S_QUERIES : 0;  // the first query of this warpgroup's S^T
+        const float* lse_s = lse_tiles + stage * BLOCK_M + q0;
+        const float* delta_s = delta_tiles + stage * BLOCK_M + q0;
         // Causal: no row of this tile sees the warpgroup's first key (it still waits for the
         // stage before it releases it, so that its arrival counts toward this round's phase).
         // Fused, both warpgroups' dS^T (zeros there) make the dQ tile.
@@ -399,13 +430,14 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
         if (!skip) {
             float s[M_BLOCKS][4], dp[M_BLOCKS][4];
             wgmma_fence();
-            wgmma_kmajor<WgS, K_STEPS>(s, k_addr, BLOCK_N, q_addr, BLOCK_M);
+            wgmma_kmajor<WgS, K_STEPS>(s, k_addr, BLOCK_N, q_addr + q0 * 128, BLOCK_M);
             wgmma_commit();
-            wgmma_kmajor<WgS, K_STEPS>(dp, v_addr, BLOCK_N, do_addr, BLOCK_M);
+            wgmma_kmajor<WgS, K_STEPS>(dp, v_addr, BLOCK_N, do_addr + q0 * 128, BLOCK_M);
             wgmma_commit();
 
-            const bool needs_mask =
-                m0 + BLOCK_M > seqlen_q || warp_key0 + 16 > seqlen_k || (CAUSAL && warp_key0 + 15 > m0 + causal_offset);
+            const int mq0 = m0 + q0;
+            const bool needs_mask = mq0 + S_QUERIES > seqlen_q || warp_key0 + 16 > seqlen_k ||
+                                    (CAUSAL && warp_key0 + 15 > mq0 + causal_offset);
             // P^T while dP^T runs (the last item's dV and dK have completed before S^T).
             wgmma_wait<1>();
             fence_operand(s);
@@ -421,7 +453,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int key = warp_key0 + g + (e / 2) * 8;
-                        const int row = m0 + j * 8 + 2 * t + e % 2;
+                        const int row = mq0 + j * 8 + 2 * t + e % 2;
                         const bool visible =
                             (row < seqlen_q) & (key < seqlen_k) & (!CAUSAL | (key <= row + causal_offset));
                         const float p = exp2_ftz(fmaf(s[j][e], scale_log2, -(e % 2 ? l2.y : l2.x)));
@@ -438,10 +470,25 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             }
             pack_a_operands<T>(pa, s);
             const unsigned do_part = do_addr + d_part * PART_CHUNKS * BLOCK_M * 128;
+            // SPLIT_SCORES: this item's P^T and dS^T tiles; each warpgroup writes its queries' half.
+            unsigned char* p_tile = nullptr;
+            unsigned char* ds_half = nullptr;
+            if constexpr (SPLIT_SCORES) {
+                p_tile = smem + L::p_tiles + item % 2 * L::DS_BYTES;
+                ds_half = smem + L::ds_tiles + item % 2 * L::DS_BYTES;
+                store_ds_tile(p_tile, (warp % 4) * 16 + g, pa, t, q0 / 8);
+                fence_proxy_async();
+                named_barrier_sync(DS_READY, CONSUMERS);
+            }
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < M_BLOCKS / 2; ++kk)
-                WgD::template rs<true>(dv_acc, pa[kk], desc_sw128(do_part, BLOCK_M * 128, kk * 2048));
+            for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+                const auto b = desc_sw128(do_part, BLOCK_M * 128, kk * 2048);
+                if constexpr (SPLIT_SCORES)
+                    WgD::template ss<true, false, true>(dv_acc, kmajor_step(wg_smem_addr(p_tile), BLOCK_N, kk), b);
+                else
+                    WgD::template rs<true>(dv_acc, pa[kk], b);
+            }
             wgmma_commit();
 
             // dS^T while dV runs.
@@ -463,11 +510,13 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             auto issue_dk = [&] {
                 wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < M_BLOCKS / 2; ++kk) {
+                for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
                     const auto b = desc_sw128(q_part, BLOCK_M * 128, kk * 2048);
                     if constexpr (DK_FROM_TILE)
                         WgD::template ss<true, false, true>(
                             dk_acc, kmajor_step(wg_smem_addr(ds_tile) + key_wg * 64 * 128, BLOCK_N, kk), b);
+                    else if constexpr (SPLIT_SCORES)
+                        WgD::template ss<true, false, true>(dk_acc, kmajor_step(wg_smem_addr(ds_half), BLOCK_N, kk), b);
                     else
                         WgD::template rs<true>(dk_acc, dsa[kk], b);
                 }
@@ -516,6 +565,11 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                     issue_dk();
                 }
             } else {
+                if constexpr (SPLIT_SCORES) {
+                    store_ds_tile(ds_half, (warp % 4) * 16 + g, dsa, t, q0 / 8);
+                    fence_proxy_async();
+                    named_barrier_sync(DS_READY, CONSUMERS);
+                }
                 issue_dk();
             }
             if (DEFER) {
@@ -562,7 +616,9 @@ template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool C
 __global__ void
 __launch_bounds__(NUM_WARPS * 32 + 128, 1)
     attn_bwd_dkdv_wgmma_half(CUPYATTN_BWD_DKDV_WGMMA_HALF_PARAMS) {
-    using L = BwdDkdvWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>;
+    constexpr bool SPLIT_SCORES = NUM_WARPS / 4 / (BLOCK_N / 64) == 2;  // (the pass's D_SPLIT 2)
+    using L = select_type<SPLIT_SCORES, BwdDkdvSplitWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>,
+                          BwdDkdvWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>>;
     bwd_dkdv_wgmma_half<L, T, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, false>(CUPYATTN_BWD_DKDV_WGMMA_HALF_ARGS,
                                                                                  DqAccumulator{});
 }

@@ -19,6 +19,17 @@ template <typename A, typename B>
 constexpr bool same_type = false;
 template <typename A>
 constexpr bool same_type<A, A> = true;
+// std::conditional_t likewise: select_type<C, X, Y> is X where C, else Y.
+template <bool C, class X, class Y>
+struct select_type_t {
+    using type = X;
+};
+template <class X, class Y>
+struct select_type_t<false, X, Y> {
+    using type = Y;
+};
+template <bool C, class X, class Y>
+using select_type = typename select_type_t<C, X, Y>::type;
 
 // Element traits. A "word" is 4 bytes of a shared-memory row: one float or two
 // halves. SIMT kernels read shared memory a word per lane, which is what the

@@ -223,6 +223,10 @@ struct WgmmaHalf;
 
 // The operand lists as written (formatted, they do not settle).
 // clang-format off
+CUPYATTN_WGMMA_HALF(32,
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15",
+        "%16", "%17", "%18", "%16, %17, %18, %19", "%20", "%21",
+        CUPYATTN_HACC8(d, 0), CUPYATTN_HACC8(d, 2))
 CUPYATTN_WGMMA_HALF(64,
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
         "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31",

@@ -208,6 +208,27 @@ def test_fused_half_backward_matches_reference(dtype, D, causal, ordered):
         )
 
 
+@pytest.mark.parametrize("causal", [False, True, "top_left"])
+@pytest.mark.parametrize("dtype,D", [("bfloat16", 256), ("float16", 200)])
+def test_split_scores_half_backward_matches_reference(dtype, D, causal):
+    """The float16 / bfloat16 dK/dV pass whose warpgroup pairs split each query tile's scores
+    (d_split 2: P^T and dS^T through shared tiles), as planned past head dim 192, on GQA 8:4
+    with odd lengths, Sq < Sk and Sq > Sk, strided inputs, poisoned gradients (enough key
+    blocks to fill an H100 or H200, which the planner asks of this tile)."""
+    from cupyattn import plan as P
+    from cupyattn.device import current_device
+
+    if current_device().compute_capability != (9, 0):
+        pytest.skip("the wgmma passes run on sm_90")
+    for Sq, Sk in ((333, 517), (700, 520)):
+        problem = P.AttentionProblem(dtype, D, D, bool(causal), 4, 8, 4, Sq, Sk)
+        cfg = P.plan_backward(problem, current_device()).dkdv.config
+        assert isinstance(cfg, P.BwdDkdvWgmmaHalfConfig) and cfg.split_scores, cfg.name_expression
+        run_backward_and_check(
+            B=4, Sq=Sq, Sk=Sk, Hq=8, Hkv=4, D=D, Dv=D, dtype=dtype, causal=causal, strided=True, seed=Sq + D
+        )
+
+
 @pytest.mark.parametrize("D", [64, 128])
 def test_ordered_fused_half_backward_is_bitwise_reproducible(D):
     """The deterministic fused pass: 9 key blocks add to each query tile's dQ, in their

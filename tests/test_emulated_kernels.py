@@ -388,6 +388,7 @@ def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk,
         ("bfloat16", 64, (64, 128, 8), (128, 64, 8), True, 200, 200),
         ("bfloat16", 72, (64, 128, 8), (128, 64, 8), "top_left", 70, 200),
         ("float16", 256, (64, 64, 8), (64, 64, 4), True, 65, 80),
+        ("bfloat16", 240, (64, 64, 8), (64, 64, 4), "top_left", 100, 150),
         # 80-query tiles: lse / delta rows padded to whole tiles of 80 (200 -> 240 rows a head)
         ("bfloat16", 64, (80, 64, 4), (128, 64, 8), True, 200, 200),
         # fused (dq_tile "fused" or "ordered"): dQ chunks taking turns (64), one each (128, and 80
@@ -402,12 +403,13 @@ def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk,
 def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_tile, causal, Sq, Sk):
     """The float16 / bfloat16 wgmma backward passes (delta and the padded lse / delta rows;
     a producer warpgroup bringing TMA tiles and those rows by bulk copies; SS and RS wgmma;
-    d_split 2 at D=256), every block, on GQA 2:1 with partial query and key tiles, Sq != Sk,
-    causal both ways (top-left: keys no row sees hold NaN, those in a dQ block's last tile
-    zeroed; fused, zeroed in K): no deadlock, no race, no shared word read before it is
-    written, FlashAttention's tolerance against the float64 reference. dq_tile "fused" /
-    "ordered": the fused pass (dS^T and dQ through shared memory, dQ added to a float32
-    accumulator by bulk reductions, "ordered" in the key blocks' turn) and attn_bwd_dq_convert."""
+    d_split 2 from D=208, its pair splitting the scores through shared tiles), every block,
+    on GQA 2:1 with partial query and key tiles, Sq != Sk, causal both ways (top-left: keys
+    no row sees hold NaN, those in a dQ block's last tile zeroed; fused, zeroed in K): no
+    deadlock, no race, no shared word read before it is written, FlashAttention's tolerance
+    against the float64 reference. dq_tile "fused" / "ordered": the fused pass (dS^T and dQ
+    through shared memory, dQ added to a float32 accumulator by bulk reductions, "ordered"
+    in the key blocks' turn) and attn_bwd_dq_convert."""
     from cupyattn import testing
     from cupyattn.plan import (
         BwdDeltaWgmmaHalfConfig,

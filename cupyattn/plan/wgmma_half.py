@@ -138,7 +138,7 @@ class FwdWgmmaHalfConfig(WgmmaHalfConfig):
         return None
 
 
-_HALF_N = (64, 80, 96, 128, 176, 192, 256)  # WgmmaHalf's n-sizes (kernels/wgmma_half.cuh)
+_HALF_N = (32, 64, 80, 96, 128, 176, 192, 256)  # WgmmaHalf's n-sizes (kernels/wgmma_half.cuh)
 
 
 class _BwdWgmmaHalf(WgmmaHalfConfig):
@@ -158,7 +158,8 @@ class _BwdWgmmaHalf(WgmmaHalfConfig):
 class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
     """``attn_bwd_dkdv_wgmma_half``: dK and dV for ``block_n`` keys on sm_90a; consumer
     warpgroups of 64 keys each (``d_split`` 2: two share them, each keeping half of dK's
-    and dV's columns); Q and dO tiles of ``block_m`` query rows through two stages."""
+    and dV's columns, see ``split_scores``); Q and dO tiles of ``block_m`` query rows
+    through two stages."""
 
     KERNEL: ClassVar[str] = "cupyattn::attn_bwd_dkdv_wgmma_half"
     LAYOUT: ClassVar[str] = "cupyattn::BwdDkdvWgmmaHalfLayout"
@@ -166,6 +167,19 @@ class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
     @property
     def d_split(self) -> int:
         return max(1, self.num_warps // 4 // max(1, self.block_n // 64))
+
+    @property
+    def split_scores(self) -> bool:
+        """Whether the two warpgroups sharing 64 keys (``d_split`` 2) split each query tile's
+        S^T and dP^T, half the queries each, and exchange P^T and dS^T through shared tiles
+        (kernel: SPLIT_SCORES), rather than both computing all of them."""
+        return self.d_split == 2
+
+    @property
+    def layout_expression(self) -> str:
+        if not self.split_scores:
+            return super().layout_expression
+        return super().layout_expression.replace("BwdDkdvWgmmaHalfLayout", "BwdDkdvSplitWgmmaHalfLayout")
 
     @property
     def valid(self) -> bool:
@@ -176,9 +190,11 @@ class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
             and self.block_n % 64 == 0
             and key_wgs >= 1
             and wgs % key_wgs == 0
+            and self.d_split <= 2
+            and (self.d_split == 1 or (key_wgs == 1 and self.block_m == 64))  # one pair, 64-query tiles
             and self.d_chunks % self.d_split == 0
             and 64 * self.d_chunks // self.d_split in _HALF_N
-            and self.block_m in _HALF_N
+            and self.block_m // self.d_split in _HALF_N
             and self.block_m % 16 == 0
             and self.head_dim_pad % 16 == 0
         )
@@ -192,7 +208,7 @@ class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
         b = self._swizzled(LayoutBuilder(), "k_tile", n)
         b = self._swizzled(b, "v_tile", n)
         b = self._swizzled(b, "q_tiles", m, s)
-        return (
+        b = (
             self._swizzled(b, "do_tiles", m, s)
             .add("lse_tiles", (s, m), "float32", "lse * log2(e) per query row (bulk copy of the delta launch's rows)")
             .add("delta_tiles", (s, m), "float32", "rowsum(dO * O) per query row (bulk copy, as lse)")
@@ -203,29 +219,43 @@ class BwdDkdvWgmmaHalfConfig(_BwdWgmmaHalf):
                 "mbarriers: K and V landed; per stage Q, dO, lse and delta landed; the stage free again",
             )
         )
+        if not self.split_scores:
+            return b
+        for name, what in (("p_tiles", "P^T"), ("ds_tiles", "dS^T")):
+            b = b.add(
+                name,
+                (2, n, m),
+                self.dtype,
+                f"{what} (keys x queries, 128-byte swizzled) of two query tiles, each warpgroup writing its half of "
+                "the queries, which dV and dK read: one written while the last one's products may still read the other",
+                align=SWIZZLE_ALIGN,
+            )
+        return b
 
     @property
     def work_split(self) -> str | None:
         keys = (
             "64 keys each"
             if self.d_split == 1
-            else f"64 keys a pair, each keeping {64 * self.d_chunks // 2} of dK's and dV's columns"
+            else f"64 keys a pair, each keeping {64 * self.d_chunks // 2} of dK's and dV's columns and computing "
+            f"the scores of {self.block_m // 2} of the tile's queries"
         )
         return (
             f"a producer warpgroup ({PRODUCER_REGISTERS} registers a thread, setmaxnreg): its first thread "
             f"issues the TMA copies of K, V and each query tile's Q, dO, lse and delta rows; "
             f"{self.num_warps // 4} consumer warpgroups ({CONSUMER_REGISTERS} registers) of {keys}: "
-            "S^T = K Q^T and dP^T = V dO^T (wgmma, shared memory), P^T and dS^T in registers, "
-            f"dV += P^T dO and dK += dS^T Q (wgmma, {self._dk_operands})"
+            "S^T = K Q^T and dP^T = V dO^T (wgmma, shared memory), P^T and dS^T in registers"
+            + (", then into shared tiles" if self.split_scores else "")
+            + f", dV += P^T dO and dK += dS^T Q (wgmma, {self._dk_operands})"
         )
 
     @property
     def _dk_operands(self) -> str:
-        return "P^T and dS^T from registers"
+        return "P^T and dS^T from both halves' shared tiles" if self.split_scores else "P^T and dS^T from registers"
 
     @property
     def accumulators_per_lane(self) -> int:  # dK, dV (their columns), S^T, dP^T; P^T and dS^T packed
-        return 64 * self.d_chunks // self.d_split + self.block_m + self.block_m // 2
+        return 64 * self.d_chunks // self.d_split + (self.block_m + self.block_m // 2) // self.d_split
 
 
 @dataclasses.dataclass(frozen=True)
