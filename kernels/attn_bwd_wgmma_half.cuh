@@ -385,8 +385,9 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     // sees them completed and releases their stage (pending). Where ptxas has the registers
     // for it (up to 160 accumulators a thread): past that it serializes every wgmma instead.
     // Fused, past that dK reads dS^T from its shared tile (DK_FROM_TILE), so that no register
-    // operand outlives an item and its dK product may still run on.
-    constexpr bool DK_FROM_TILE = FUSED && D_PART + BLOCK_M > 160;
+    // operand outlives an item and its dK product may still run on; not causal, where the
+    // registers' serialized products measured faster (docs/bench/evidence.md).
+    constexpr bool DK_FROM_TILE = FUSED && !CAUSAL && D_PART + BLOCK_M > 160;
     static_assert(!DK_FROM_TILE || D_CHUNKS == 2, "every item takes a dQ chunk (after the dS^T barrier)");
     // SPLIT_SCORES: no register operands.
     constexpr bool DEFER = DK_FROM_TILE || SPLIT_SCORES || D_PART + BLOCK_M <= 160;

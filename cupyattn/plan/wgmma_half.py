@@ -331,8 +331,9 @@ class BwdFusedWgmmaHalfConfig(BwdDkdvWgmmaHalfConfig):
     @property
     def dk_from_tile(self) -> bool:
         """Whether dK reads dS^T from its shared tile (kernel: DK_FROM_TILE): where dS^T kept in
-        registers would leave ptxas too few to let an item's dK product run on into the next."""
-        return 64 * self.d_chunks + self.block_m > 160
+        registers would leave ptxas too few to let an item's dK product run on into the next,
+        not causal (there the registers measured faster)."""
+        return not self.causal and 64 * self.d_chunks + self.block_m > 160
 
     def accumulator_shape(self, batch: int, heads_q: int, seqlen_q: int) -> tuple[int, int, int, int]:
         """The float32 dQ accumulator it adds into: (batch, query head, query tile) tiles of
