@@ -7,9 +7,12 @@ pass none (the other passes keep their default choice), and the whole call is ti
 time; the planner's tile orders are written from it. From a checkout:
 
     PYTHONPATH=. python scripts/tune_tiles.py [--dtype float16] [--precision fp32] [--causal] [--json FILE]
-        [--tiles 16x128x8,32x128x8]  (only these of each family's tiles)
+        [--tiles 16x128x8,32x128x8]  (these tiles instead of each family's list: candidates before
+        they enter it)
 
-Families: forward, wgmma, wgmma_half, dkdv, dkdv_wgmma, dq, dq_wgmma, fused (deterministic=False).
+Families: forward, wgmma, wgmma_half, dkdv, dkdv_wgmma, dkdv_wgmma_half, dq, dq_wgmma, dq_wgmma_half,
+fused (deterministic=False). The backward families other than fused time the two passes (the
+deterministic fused pass taken out of the way).
 """
 
 import argparse
@@ -33,6 +36,8 @@ FAMILIES = {  # name: (tile table, policy tile key, config class, backward?, the
     "dq_wgmma": ("BWD_DQ_WGMMA_TILES", "bwd_dq_wgmma", P.BwdDqWgmmaConfig, True, "bwd_dq_mma"),
     # float16 / bfloat16 on sm_90 (TMA-loaded tiles)
     "wgmma_half": ("FWD_WGMMA_HALF_TILES", "fwd_wgmma_half", P.FwdWgmmaHalfConfig, False, None),
+    "dkdv_wgmma_half": ("BWD_DKDV_WGMMA_HALF_TILES", "bwd_dkdv_wgmma_half", P.BwdDkdvWgmmaHalfConfig, True, None),
+    "dq_wgmma_half": ("BWD_DQ_WGMMA_HALF_TILES", "bwd_dq_wgmma_half", P.BwdDqWgmmaHalfConfig, True, None),
     # dK, dV and dQ in one pass (deterministic=False; float32 fp32 / tf32 on sm_90)
     "fused": ("BWD_FUSED_WGMMA_TILES", "bwd_fused_wgmma", P.BwdFusedWgmmaConfig, True, None),
 }
@@ -65,7 +70,7 @@ def main():
         "--tiles",
         type=parse_tiles,
         default=None,
-        help="block_m x block_n x warps, comma-separated: time only these listed tiles",
+        help="block_m x block_n x warps, comma-separated: time these tiles (listed or not) instead of the list",
     )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -79,14 +84,16 @@ def main():
         for D in (int(d) for d in args.dims.split(",")):
             rng = cupy.random.default_rng(1)
             q, k, v, do = (device_values((B, S, H, D), args.dtype, rng) for _ in range(4))
-            for tile in getattr(P, attr):
-                if args.tiles is not None and tuple(tile) not in args.tiles:
-                    continue
+            for tile in getattr(P, attr) if args.tiles is None else sorted(args.tiles):
                 cfg = cls(args.dtype, precision, cls.head_dim_pad_for(D, *tile), *tile, args.causal)
                 if not cfg.valid or cfg.layout.total > spec.smem_per_block_optin:
                     continue
                 # This tile alone for its family, the other family of the pass out of the way.
-                policy = Policy(tiles={key: [tile], **({rival: []} if rival else {})}, fused_where=FUSED_EVERYWHERE)
+                policy = Policy(
+                    tiles={key: [tile], **({rival: []} if rival else {})},
+                    fused_where=FUSED_EVERYWHERE,
+                    ordered_fused_where=frozenset(),
+                )
                 try:
                     if backward:
                         fused = family == "fused"
