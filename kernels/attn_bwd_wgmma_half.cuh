@@ -82,6 +82,9 @@ struct BwdDkdvWgmmaHalfLayout {
     static_assert(KV_BYTES % 1024 == 0 && QD_BYTES % 1024 == 0, "swizzled chunks");
 };
 
+// Consumer warpgroups of the dK/dV pass sharing each 64 keys (its D_SPLIT): 2 splits the scores.
+__host__ __device__ constexpr int dkdv_d_split(int num_warps, int block_n) { return num_warps / 4 / (block_n / 64); }
+
 // The dK/dV pass whose warpgroup pairs split the scores (D_SPLIT 2): P^T and dS^T of two query
 // tiles, one pair written while the last item's products may still read the other.
 template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N>
@@ -249,7 +252,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     constexpr int D_CHUNKS = L::D_CHUNKS, STAGES = L::STAGES;
     constexpr int CONSUMERS = NUM_WARPS * 32;
     constexpr int KEY_WGS = BLOCK_N / 64;  // warpgroups with distinct keys
-    constexpr int D_SPLIT = NUM_WARPS / 4 / KEY_WGS;  // warpgroups sharing 64 keys
+    constexpr int D_SPLIT = dkdv_d_split(NUM_WARPS, BLOCK_N);  // warpgroups sharing 64 keys
     constexpr int PART_CHUNKS = D_CHUNKS / D_SPLIT;  // chunks of dK, dV a warpgroup keeps
     constexpr int D_PART = 64 * PART_CHUNKS;
     // A pair sharing keys splits each query tile's scores (S_QUERIES each) rather than
@@ -471,15 +474,19 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             }
             pack_a_operands<T>(pa, s);
             const unsigned do_part = do_addr + d_part * PART_CHUNKS * BLOCK_M * 128;
-            // SPLIT_SCORES: this item's P^T and dS^T tiles; each warpgroup writes its queries' half.
+            // SPLIT_SCORES: this item's P^T and dS^T tiles; each warpgroup writes its queries' half,
+            // then the pair meets.
             unsigned char* p_tile = nullptr;
             unsigned char* ds_half = nullptr;
+            auto share_half = [&](unsigned char* tile, const unsigned(&a)[M_BLOCKS / 2][4]) {
+                store_ds_tile(tile, (warp % 4) * 16 + g, a, t, q0 / 8);
+                fence_proxy_async();
+                named_barrier_sync(DS_READY, CONSUMERS);
+            };
             if constexpr (SPLIT_SCORES) {
                 p_tile = smem + L::p_tiles + item % 2 * L::DS_BYTES;
                 ds_half = smem + L::ds_tiles + item % 2 * L::DS_BYTES;
-                store_ds_tile(p_tile, (warp % 4) * 16 + g, pa, t, q0 / 8);
-                fence_proxy_async();
-                named_barrier_sync(DS_READY, CONSUMERS);
+                share_half(p_tile, pa);
             }
             wgmma_fence();
 #pragma unroll
@@ -566,11 +573,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                     issue_dk();
                 }
             } else {
-                if constexpr (SPLIT_SCORES) {
-                    store_ds_tile(ds_half, (warp % 4) * 16 + g, dsa, t, q0 / 8);
-                    fence_proxy_async();
-                    named_barrier_sync(DS_READY, CONSUMERS);
-                }
+                if constexpr (SPLIT_SCORES) share_half(ds_half, dsa);
                 issue_dk();
             }
             if (DEFER) {
@@ -617,8 +620,7 @@ template <typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool C
 __global__ void
 __launch_bounds__(NUM_WARPS * 32 + 128, 1)
     attn_bwd_dkdv_wgmma_half(CUPYATTN_BWD_DKDV_WGMMA_HALF_PARAMS) {
-    constexpr bool SPLIT_SCORES = NUM_WARPS / 4 / (BLOCK_N / 64) == 2;  // (the pass's D_SPLIT 2)
-    using L = select_type<SPLIT_SCORES, BwdDkdvSplitWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>,
+    using L = select_type<dkdv_d_split(NUM_WARPS, BLOCK_N) == 2, BwdDkdvSplitWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>,
                           BwdDkdvWgmmaHalfLayout<T, D_PAD, BLOCK_M, BLOCK_N>>;
     bwd_dkdv_wgmma_half<L, T, D_PAD, BLOCK_M, BLOCK_N, NUM_WARPS, CAUSAL, false>(CUPYATTN_BWD_DKDV_WGMMA_HALF_ARGS,
                                                                                  DqAccumulator{});
