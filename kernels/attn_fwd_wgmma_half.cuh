@@ -12,7 +12,8 @@
 // tile's K and V into STAGES pipeline stages, each stage refilled once every consumer
 // warp has released it (mbarriers: a stage's K or V has landed; it is free again).
 // PINGPONG (two consumer warpgroups): they take turns issuing their wgmmas (named
-// barriers), so that one's softmax runs while the other's products do.
+// barriers), so that one's softmax runs while the other's products do. Three consumer
+// warpgroups (NUM_WARPS 12, 160 registers each) take no turns.
 //
 // Needs: head_dim == head_dim_v, head_dim % 8 == 0; q, k and v describable by TMA maps
 // (16-byte aligned, strides multiples of 16 bytes: cupyattn/tma.py).
@@ -121,6 +122,9 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
     static_assert(D_PAD % 16 == 0 && BLOCK_N % 16 == 0, "tile shape");
     static_assert(!PINGPONG || NUM_WARPS == 8, "ping-pong between two consumer warpgroups");
     using Turn = Turns<PINGPONG, CONSUMERS>;
+    // What the producer's 24 leave of the 64K registers, a multiple of 8: 240 for two
+    // consumer warpgroups, 160 for three.
+    constexpr int CONSUMER_REGISTERS = NUM_WARPS == 8 ? 240 : (65536 - 128 * 24) / CONSUMERS / 8 * 8;
     using WgS = WgmmaHalf<T, BLOCK_N>;
     using WgO = WgmmaHalf<T, DV>;
 
@@ -166,7 +170,7 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
         }
         return;
     }
-    setmaxnreg_inc<240>();
+    setmaxnreg_inc<CONSUMER_REGISTERS>();
 
     const int wg = warp / 4;
     const int g = lane / 4, t = lane % 4;

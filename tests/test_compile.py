@@ -622,8 +622,9 @@ def test_planned_wgmma_half_forward_compiles_without_spills(config):
     report = cc.compile_only(config, "sm_90")
     assert report.spills == 0 and report.stack_bytes == 0, (config.name_expression, report.registers, report.spills)
     assert report.static_smem_bytes == 0  # the dynamic tiles start 1024-aligned only without static shared memory
-    # 384 threads: ptxas's 168 a thread; setmaxnreg moves them to the consumers (240).
-    assert report.registers == 168, (config.name_expression, report.registers)
+    # ptxas's share of the 64K registers a thread (384 threads: 168; 512: 128); setmaxnreg
+    # moves the producer's to the consumers (240 a thread for two warpgroups, 160 for three).
+    assert report.registers == 65536 // config.threads // 8 * 8, (config.name_expression, report.registers)
     # ptxas serializes every wgmma (a wait after each) where a branch or a read of their
     # accumulators falls between issue and wait: C7514 / C7517 in its log.
     assert "C7514" not in report.log and "C7517" not in report.log, report.log

@@ -333,19 +333,23 @@ def _half_array(values, dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("D", [64, 72])
 @pytest.mark.parametrize(
-    "causal,Sq,Sk,block_n,scale",
+    "causal,Sq,Sk,block_n,scale,warps",
     [
-        (False, 65, 65, 128, None),
-        (True, 65, 65, 128, None),
-        ("top_left", 65, 200, 128, None),
-        (False, 70, 300, 128, None),  # three key tiles: S of each beside P V of the last
-        (True, 256, 256, 64, None),  # a warpgroup whose rows end before the block's last key tiles
-        (True, 200, 100, 64, None),  # rows that see no key: a warpgroup with none beside one with some
-        (False, 70, 300, 128, -0.3),  # a negative scale: Q's sign flipped in shared memory
-        (True, 65, 65, 128, 0.0),  # every probability the same
+        (False, 65, 65, 128, None, 8),
+        (True, 65, 65, 128, None, 8),
+        ("top_left", 65, 200, 128, None, 8),
+        (False, 70, 300, 128, None, 8),  # three key tiles: S of each beside P V of the last
+        (True, 256, 256, 64, None, 8),  # a warpgroup whose rows end before the block's last key tiles
+        (True, 200, 100, 64, None, 8),  # rows that see no key: a warpgroup with none beside one with some
+        (False, 70, 300, 128, -0.3, 8),  # a negative scale: Q's sign flipped in shared memory
+        (True, 65, 65, 128, 0.0, 8),  # every probability the same
+        # Three consumer warpgroups (192 query rows), taking no turns.
+        (False, 70, 300, 128, None, 12),
+        (True, 256, 256, 64, None, 12),
+        ("top_left", 65, 200, 128, None, 12),
     ],
 )
-def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk, block_n, scale):
+def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk, block_n, scale, warps):
     """The float16 / bfloat16 wgmma forward (producer warpgroup, TMA loads into swizzled
     tiles, SS and RS wgmma, mbarrier stages) on B=1, H=1, S=65 (a partial query and key
     tile) and, top-left causal, Sq=65 < Sk=200 (the key tile reaches past the rows' keys:
@@ -358,14 +362,16 @@ def test_wgmma_half_forward_runs_whole_on_the_emulator(dtype, D, causal, Sq, Sk,
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
     precision = "bf16" if dtype == "bfloat16" else "fp16"
-    cfg = FwdWgmmaHalfConfig(dtype, precision, (D + 15) // 16 * 16, 128, block_n, 8, bool(causal))
+    cfg = FwdWgmmaHalfConfig(dtype, precision, (D + 15) // 16 * 16, 16 * warps, block_n, warps, bool(causal))
     rng = np.random.default_rng(D + Sk + bool(causal))
     hq, hk, hv = (testing.host_values((1, s, 1, D), dtype, rng) for s in (Sq, Sk, Sk))
     q, k, v = (_half_array(x, dtype) for x in (hq, hk, hv))
     out = _half_array(np.full((1, Sq, 1, D), np.nan, np.float32), dtype)
     lse = np.full((1, 1, Sq), np.nan, np.float32)
-    maps = np.concatenate([_ptx_emulator.tensor_map(q, 128), *(_ptx_emulator.tensor_map(x, block_n) for x in (k, v))])
-    m_tiles = -(-Sq // 128)
+    maps = np.concatenate(
+        [_ptx_emulator.tensor_map(q, cfg.block_m), *(_ptx_emulator.tensor_map(x, block_n) for x in (k, v))]
+    )
+    m_tiles = -(-Sq // cfg.block_m)
     offset = causal_offset(causal, Sq, Sk) or 0
     sizes = (np.int32(1), np.int32(1), np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D), np.int32(m_tiles))
     scalars = (np.float32(LOG2E * (1 / np.sqrt(D) if scale is None else scale)), np.int32(offset))

@@ -16,6 +16,10 @@ from .problem import CXX_TYPES
 SWIZZLE_ALIGN = 1024  # a 128-byte-swizzled chunk's base (the swizzle reads address bits 7-9)
 PRODUCER_REGISTERS = 24  # setmaxnreg: 128 x 24 + 256 x 240 <= 65536
 CONSUMER_REGISTERS = 240
+# The forward's three consumer warpgroups: 128 x 24 + 384 x 160 <= 65536 (attn_fwd_wgmma_half).
+FORWARD_THREE_WARPGROUP_REGISTERS = 160
+# Head dims up to this compile without spills on three consumer warpgroups (tests/test_compile.py).
+FORWARD_THREE_WARPGROUP_MAX_HEAD_DIM = 64
 # float32 accumulators (packed operands counted as such) a backward consumer thread keeps
 # without spills in CONSUMER_REGISTERS (tests/test_compile.py compiles the planned tiles).
 CONSUMER_ACCUMULATORS = 224
@@ -67,12 +71,12 @@ class WgmmaHalfConfig(MmaConfig):
 
 @dataclasses.dataclass(frozen=True)
 class FwdWgmmaHalfConfig(WgmmaHalfConfig):
-    """``attn_fwd_wgmma_half``: the forward for float16 / bfloat16 on sm_90a. Two consumer
-    warpgroups (``num_warps`` = 8) own 64 query rows each; a producer warpgroup issues the
-    TMA copies of Q, K and V into 128-byte-swizzled tiles (64-column chunks, zeros past
-    head_dim) through ``stages`` pipeline stages of K and V. ``pingpong``: the two consumer
-    warpgroups take turns issuing their wgmmas (named barriers), one's softmax beside the
-    other's products."""
+    """``attn_fwd_wgmma_half``: the forward for float16 / bfloat16 on sm_90a. Two or three
+    consumer warpgroups (``num_warps`` = 8 or 12) own 64 query rows each; a producer
+    warpgroup issues the TMA copies of Q, K and V into 128-byte-swizzled tiles (64-column
+    chunks, zeros past head_dim) through ``stages`` pipeline stages of K and V.
+    ``pingpong``: two consumer warpgroups take turns issuing their wgmmas (named barriers),
+    one's softmax beside the other's products (three take no turns)."""
 
     pingpong: bool = True
 
@@ -85,7 +89,12 @@ class FwdWgmmaHalfConfig(WgmmaHalfConfig):
 
     @functools.cached_property
     def name_expression(self) -> str:
-        return f"{super().name_expression[:-1]}, {'true' if self.pingpong else 'false'}>"
+        return f"{super().name_expression[:-1]}, {'true' if self.takes_turns else 'false'}>"
+
+    @property
+    def takes_turns(self) -> bool:
+        """Ping-pong, where there are two consumer warpgroups to take turns."""
+        return self.pingpong and self.num_warps == 8
 
     @property
     def stages(self) -> int:
@@ -100,7 +109,7 @@ class FwdWgmmaHalfConfig(WgmmaHalfConfig):
             and self.block_m == 16 * self.num_warps
             and self.block_n in (64, 80, 96, 128, 176, 192, 256)  # WgmmaHalf's n-sizes
             and self.head_dim_pad % 16 == 0
-            and (not self.pingpong or self.num_warps == 8)
+            and self.num_warps in (8, 12)
         )
 
     @functools.cached_property  # frozen dataclass: computed once, stored in __dict__
@@ -124,17 +133,26 @@ class FwdWgmmaHalfConfig(WgmmaHalfConfig):
         return (
             f"a producer warpgroup ({PRODUCER_REGISTERS} registers a thread, setmaxnreg) whose first "
             f"thread issues the TMA copies of Q, K and V; {self.num_warps // 4} consumer warpgroups "
-            f"({CONSUMER_REGISTERS} registers) of 64 query rows each: S = Q K^T (wgmma, both from shared "
+            f"({self.consumer_registers} registers) of 64 query rows each: S = Q K^T (wgmma, both from shared "
             f"memory), the online softmax, O += P V (wgmma, P from registers)"
-            + ("; they take turns issuing their wgmmas (ping-pong)" if self.pingpong else "")
+            + ("; they take turns issuing their wgmmas (ping-pong)" if self.takes_turns else "")
         )
 
     @property
     def accumulators_per_lane(self) -> int:  # O (64-column chunks), S, and P packed (half of S)
         return (64 * self.d_chunks + self.block_n + self.block_n // 2) // 2
 
+    @property
+    def consumer_registers(self) -> int:
+        return CONSUMER_REGISTERS if self.num_warps == 8 else FORWARD_THREE_WARPGROUP_REGISTERS
+
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
-        # Every listed tile at head dims 8-256 compiles without spills (tests/test_compile.py).
+        # Every listed two-warpgroup tile at head dims 8-256 compiles without spills (tests/test_compile.py).
+        if self.num_warps == 12 and self.head_dim_pad > FORWARD_THREE_WARPGROUP_MAX_HEAD_DIM:
+            return (
+                f"three consumer warpgroups of {self.consumer_registers} registers spill past head dim "
+                f"{FORWARD_THREE_WARPGROUP_MAX_HEAD_DIM}"
+            )
         return None
 
 
