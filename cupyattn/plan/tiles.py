@@ -201,7 +201,7 @@ BWD_ORDERED_FUSED_WHERE_FASTER = _FUSED_HALF
 # and a producer warpgroup; K and V tiles of block_n keys, 2 stages (3 at head dims up to 64).
 # The first that fits sm_90's 232448 bytes at the head dim goes first (fwd_wgmma_half_first).
 FWD_WGMMA_HALF_TILES = (
-    (192, 128, 12),  # head dims up to 64 (more spill in 160 registers): 10-16% faster there than 128 rows
+    (192, 128, 12),  # head dims up to 64 (past it, it spills: register_reason): 10-16% faster there than 128 rows
     (128, 192, 8),  # head dims up to 128: the fastest there, Q + 2 stages in 224 KiB (3 stages at 64: 160)
     (128, 176, 8),  # 208 KiB at 128 (FlashAttention-3's tile there)
     (128, 128, 8),  # 160 KiB at 128 (3 stages at 64: 112 KiB)
