@@ -626,8 +626,9 @@ def test_planned_wgmma_half_forward_compiles_without_spills(config):
     # moves the producer's to the consumers (240 a thread for two warpgroups, 160 for three).
     assert report.registers == 65536 // config.threads // 8 * 8, (config.name_expression, report.registers)
     # ptxas serializes every wgmma (a wait after each) where a branch or a read of their
-    # accumulators falls between issue and wait: C7514 / C7517 in its log.
-    assert "C7514" not in report.log and "C7517" not in report.log, report.log
+    # accumulators falls between issue and wait (C7514 / C7517 in its log), or where the
+    # registers run short (C7512: three consumer warpgroups past head dim 64).
+    assert not any(code in report.log for code in ("C7512", "C7514", "C7517")), report.log
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
