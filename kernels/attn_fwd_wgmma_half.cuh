@@ -123,8 +123,8 @@ attn_fwd_wgmma_half(const T* __restrict__ q, const T* __restrict__ k, const T* _
     static_assert(!PINGPONG || NUM_WARPS == 8, "ping-pong between two consumer warpgroups");
     using Turn = Turns<PINGPONG, CONSUMERS>;
     // What the producer's 24 leave of the 64K registers, a multiple of 8: 240 for two
-    // consumer warpgroups, 160 for three.
-    constexpr int CONSUMER_REGISTERS = NUM_WARPS == 8 ? 240 : (65536 - 128 * 24) / CONSUMERS / 8 * 8;
+    // consumer warpgroups, 160 for three (plan.FwdWgmmaHalfConfig.consumer_registers).
+    constexpr int CONSUMER_REGISTERS = (65536 - 128 * 24) / CONSUMERS / 8 * 8;
     using WgS = WgmmaHalf<T, BLOCK_N>;
     using WgO = WgmmaHalf<T, DV>;
 

@@ -16,8 +16,6 @@ from .problem import CXX_TYPES
 SWIZZLE_ALIGN = 1024  # a 128-byte-swizzled chunk's base (the swizzle reads address bits 7-9)
 PRODUCER_REGISTERS = 24  # setmaxnreg: 128 x 24 + 256 x 240 <= 65536
 CONSUMER_REGISTERS = 240
-# The forward's three consumer warpgroups: 128 x 24 + 384 x 160 <= 65536 (attn_fwd_wgmma_half).
-FORWARD_THREE_WARPGROUP_REGISTERS = 160
 # Head dims up to this compile without spills on three consumer warpgroups (tests/test_compile.py).
 FORWARD_THREE_WARPGROUP_MAX_HEAD_DIM = 64
 # float32 accumulators (packed operands counted as such) a backward consumer thread keeps
@@ -144,7 +142,9 @@ class FwdWgmmaHalfConfig(WgmmaHalfConfig):
 
     @property
     def consumer_registers(self) -> int:
-        return CONSUMER_REGISTERS if self.num_warps == 8 else FORWARD_THREE_WARPGROUP_REGISTERS
+        """What the producer warpgroup leaves of the 64K registers, a multiple of 8 (the
+        kernel's setmaxnreg): 240 for two consumer warpgroups, 160 for three."""
+        return (65536 - 128 * PRODUCER_REGISTERS) // (32 * self.num_warps) // 8 * 8
 
     def register_reason(self, compute_capability: tuple[int, int]) -> str | None:
         # Every listed two-warpgroup tile at head dims 8-256 compiles without spills (tests/test_compile.py).
