@@ -291,10 +291,12 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     const int m_begin = first_query_tile<CAUSAL, BLOCK_M>(n0, causal_offset);
     const int m_tiles = m_begin < seqlen_q ? (seqlen_q - m_begin + BLOCK_M - 1) / BLOCK_M : 0;
     const int n_items = kb.group * m_tiles;
-    // Items run from the last query tile down: the blocks of one head that run together read the
-    // same Q and dO tiles about together, and ORDERED, one key block's turn at a tile comes right
-    // after the block before it has been there.
-    auto item_m0 = [&](int item) { return m_begin + (m_tiles - 1 - item % m_tiles) * BLOCK_M; };
+    // Items run from the last query tile down, the group's query heads inner: the blocks that run
+    // together read the same Q and dO tiles about together, and ORDERED, one key block's turn at a
+    // tile comes right after the block before it has been there (heads outer, causal, each block
+    // would wait for the extra tiles of every head before it).
+    auto item_m0 = [&](int item) { return m_begin + (m_tiles - 1 - item / kb.group) * BLOCK_M; };
+    auto item_hq = [&](int item) { return h_kv * kb.group + item % kb.group; };
 
     // Fused: dq_full[2] (a dQ tile written: each consumer warp writing one arrives), dq_empty[2]
     // (added to global memory: the dQ warp's arrival).
@@ -327,7 +329,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             const int rows = padded_query_rows(seqlen_q, BLOCK_M);
             for (int item = 0; item < n_items; ++item) {
                 const int stage = item % STAGES, round = item / STAGES;
-                const int hq = h_kv * kb.group + item / m_tiles, m0 = item_m0(item);
+                const int hq = item_hq(item), m0 = item_m0(item);
                 if (round > 0) mbarrier_wait(&empty[stage], (round - 1) & 1);
                 mbarrier_expect_tx(&full[stage], 2 * L::QD_BYTES + 2 * BLOCK_M * 4);
                 unsigned char* qs = smem + L::q_tiles + stage * L::QD_BYTES;
@@ -346,8 +348,8 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                 // after the key blocks before this one have added theirs.
                 for (int item = 0; item < n_items; ++item) {
                     const int buf = item % 2;
-                    const int hq = h_kv * kb.group + item / m_tiles;
-                    const long long tile = (kb.b * n_heads_q + hq) * dq_accum.m_tiles + item_m0(item) / BLOCK_M;
+                    const long long tile =
+                        (kb.b * n_heads_q + item_hq(item)) * dq_accum.m_tiles + item_m0(item) / BLOCK_M;
                     mbarrier_wait(&dq_full[buf], (item / 2) & 1);
                     if constexpr (ORDERED)
                         while (load_acquire(dq_accum.turns + tile) != n0 / BLOCK_N) {

@@ -229,15 +229,19 @@ def test_split_scores_half_backward_matches_reference(dtype, D, causal):
         )
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
-def test_ordered_fused_half_backward_is_bitwise_reproducible(D):
-    """The deterministic fused pass: 9 key blocks add to each query tile's dQ, in their
-    turn, so that every call gives the same bits."""
+def test_ordered_fused_half_backward_is_bitwise_reproducible(D, causal):
+    """The deterministic fused pass: up to 9 key blocks add to each query tile's dQ of each
+    of the 4 query heads of a GQA group, each block in its turn, so that every call gives
+    the same bits."""
     policy = _fused_half_policy("bfloat16", D, True)
-    (_, _, _, _), (q, k, v, dout) = _inputs(2, 1100, 1100, 4, 2, D, D, "bfloat16", "bshd", False, 5)
-    out, lse = cupyattn.attention(q, k, v, return_lse=True)
+    (_, _, _, _), (q, k, v, dout) = _inputs(2, 1100, 1100, 8, 2, D, D, "bfloat16", "bshd", False, 5)
+    out, lse = cupyattn.attention(q, k, v, causal=causal, return_lse=True)
     _same_bits_call_after_call(
-        lambda: cupyattn.attention_backward(dout, q, k, v, out, lse, deterministic=True, policy=policy), 30, np.uint16
+        lambda: cupyattn.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, policy=policy),
+        30,
+        np.uint16,
     )
 
 
