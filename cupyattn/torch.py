@@ -71,9 +71,9 @@ def _check(name: str, t, device=None):
         raise ValueError(f"{name}: expected a tensor on {device} (the device of q), got {t.device}")
 
 
-def _check_tensors(q, k, v):
-    _check("q", q)
-    for name, t in (("k", k), ("v", v)):
+def _check_tensors(q, k, v, names=("q", "k", "v")):
+    _check(names[0], q)
+    for name, t in zip(names[1:], (k, v)):
         _check(name, t, q.device)
 
 
@@ -176,9 +176,12 @@ def _raw_stream(device: torch.device) -> int:
     return get(device.index) if get is not None else torch.cuda.current_stream(device).cuda_stream
 
 
-def _forward(q, k, v, causal: str, scale, layout: str, precision, policy) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(
+    q, k, v, causal: str, scale, layout: str, precision, policy, names=("q", "k", "v")
+) -> tuple[torch.Tensor, torch.Tensor]:
     """out and lse; a call described like an earlier one repeats its launch (``api.known_forward``;
-    keyed by the operators' options, out always a new contiguous tensor)."""
+    keyed by the operators' options, out always a new contiguous tensor). ``names``: the
+    tensors' names in errors."""
     q, k, v = (_rows_contiguous(x) for x in (q, k, v))
     options = dict(causal=causal, scale=scale, layout=layout, smem_limit=None, precision=precision, policy=policy)
     key = api.forward_key(_describe(q), _describe(k), _describe(v), None, None, **options)
@@ -187,7 +190,7 @@ def _forward(q, k, v, causal: str, scale, layout: str, precision, policy) -> tup
         out, lse = q.new_empty(known.out_shape), q.new_empty(known.lse_shape, dtype=torch.float32)
         known(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), _raw_stream(q.device))
         return out, lse
-    _check_tensors(q, k, v)
+    _check_tensors(q, k, v, names)
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     lse = q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
     with _within_torch(q.device):
@@ -363,10 +366,15 @@ def attention(
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     options = (_causal_name(causal), scale, layout, _precision_name(precision), _policy_name(policy), deterministic)
+    return _attend(q, k, v, options)
+
+
+def _attend(q, k, v, options: tuple, names=("q", "k", "v")) -> torch.Tensor:
+    """attention's out for the operators' options; ``names``: the tensors' names in errors."""
     watched = _watched(q, k, v)
     if not watched and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        return _forward(q, k, v, *options[:-1])[0]  # (checks the tensors unless it repeats a launch)
-    _check_tensors(q, k, v)
+        return _forward(q, k, v, *options[:-1], names)[0]  # (checks the tensors unless it repeats a launch)
+    _check_tensors(q, k, v, names)
     if watched:
         return _attention_op(q, k, v, *options)[0]
     return _EagerAttention.apply(q, k, v, options)
@@ -393,9 +401,9 @@ def scaled_dot_product_attention(
         )
     if dropout_p != 0.0:
         raise NotImplementedError(f"dropout_p: cupyattn has no dropout; expected 0.0, got {dropout_p!r}")
-    _check("query", query)
-    for name, t in (("key", key), ("value", value)):
-        _check(name, t, query.device)
+    names = ("query", "key", "value")
+    if not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
+        _check_tensors(query, key, value, names)  # (raises; the rest is checked once, by _attend)
     dims = {t.dim() for t in (query, key, value)}
     if dims not in ({3}, {4}):
         got = ", ".join(f"{n} {tuple(t.shape)}" for n, t in (("query", query), ("key", key), ("value", value)))
@@ -407,7 +415,7 @@ def scaled_dot_product_attention(
         )
     batched = dims == {4}
     q, k, v = (t if batched else t.unsqueeze(0) for t in (query, key, value))
-    out = attention(q, k, v, causal="top_left" if is_causal else False, scale=scale, layout="bhsd")
+    out = _attend(q, k, v, ("top_left" if is_causal else "none", scale, "bhsd", None, None, True), names)
     return out if batched else out.squeeze(0)
 
 

@@ -168,6 +168,13 @@ def test_sdpa_call_takes_sdpa_layouts_and_refuses_what_it_cannot_do():
         ct.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
     with pytest.raises(ValueError, match="query, key, value: expected all \\(B, H, L, E\\) or all \\(H, L, E\\)"):
         ct.scaled_dot_product_attention(q, q[0], q)
+    # The tensors' own errors name SDPA's arguments.
+    with pytest.raises(ValueError, match="query: expected a CUDA tensor, got one on cpu"):
+        ct.scaled_dot_product_attention(torch.zeros(3, 8, 20, 64), kv, kv, enable_gqa=True)
+    with pytest.raises(TypeError, match="key: expected dtype float16, bfloat16 or float32, got torch.float64"):
+        ct.scaled_dot_product_attention(q, _meta(3, 2, 30, 64, dtype=torch.float64), kv, enable_gqa=True)
+    with pytest.raises(TypeError, match="value: expected a torch.Tensor, got builtins.list"):
+        ct.scaled_dot_product_attention(q, kv, [kv], enable_gqa=True)
 
 
 def _tiny_llama(attn_implementation, device):
