@@ -52,7 +52,8 @@ def main():
     spec = cupyattn.current_device()
     bwd = cupyattn.plan_backward(problem, spec)
     for plan in (cupyattn.plan_forward(problem, spec), bwd.dkdv, bwd.dq):
-        print(plan.config.name_expression)
+        if plan is not None:  # (no dQ pass where the dK/dV pass computes dQ too)
+            print(plan.config.name_expression)
 
 
 if __name__ == "__main__":
