@@ -60,7 +60,7 @@ def _as_cupy(t: torch.Tensor):
     return cupy.from_dlpack(t)
 
 
-def _check(name: str, t, device=None):
+def _check(name: str, t, device=None, first: str = "q"):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__module__}.{type(t).__name__}")
     if not t.is_cuda and t.device.type != "meta":  # (meta: shapes only, for tracing)
@@ -68,13 +68,13 @@ def _check(name: str, t, device=None):
     if t.dtype not in _DTYPES:
         raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {t.dtype}")
     if device is not None and t.device != device:
-        raise ValueError(f"{name}: expected a tensor on {device} (the device of q), got {t.device}")
+        raise ValueError(f"{name}: expected a tensor on {device} (the device of {first}), got {t.device}")
 
 
 def _check_tensors(q, k, v, names=("q", "k", "v")):
     _check(names[0], q)
     for name, t in zip(names[1:], (k, v)):
-        _check(name, t, q.device)
+        _check(name, t, q.device, names[0])
 
 
 def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
