@@ -26,6 +26,7 @@ def main():
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--nondeterministic", action="store_true", help="the backward with deterministic=False")
     parser.add_argument("--precision", default=None, help="for float32: fp32, tf32, bf16 or fp16")
     args = parser.parse_args()
     import numpy as np
@@ -35,7 +36,9 @@ def main():
     q, k, v, do = (testing.to_device(testing.host_values(shape, args.dtype, rng), args.dtype) for _ in range(4))
     for _ in range(2):  # warm-up pair, then the profiled pair
         out, lse = cupyattn.attention(q, k, v, causal=args.causal, return_lse=True, precision=args.precision)
-        cupyattn.attention_backward(do, q, k, v, out, lse, causal=args.causal, precision=args.precision)
+        cupyattn.attention_backward(
+            do, q, k, v, out, lse, causal=args.causal, precision=args.precision, deterministic=not args.nondeterministic
+        )
     cupy.cuda.Device().synchronize()
     problem = cupyattn.AttentionProblem(
         args.dtype,
@@ -48,6 +51,7 @@ def main():
         args.seqlen,
         args.seqlen,
         precision=cupyattn.plan.parse_precision(args.precision, args.dtype),
+        deterministic=not args.nondeterministic,
     )
     spec = cupyattn.current_device()
     bwd = cupyattn.plan_backward(problem, spec)
