@@ -8,6 +8,11 @@ checkout:
     PYTHONPATH=. ncu --clock-control none -k 'regex:attn_(fwd|bwd_dkdv|bwd_dq)_(mma|wgmma)' \\
         --launch-skip 3 --launch-count 3 --section SpeedOfLight --section WarpStateStats \\
         python3 scripts/profile_case.py --dim 128 --seqlen 4096
+
+With --fa3 the same shape runs through FlashAttention-3 instead (flash_attn3_jax, float16 /
+bfloat16, head dims up to 128): one forward, then two backwards, each three launches of
+JAX's `device_kernel` (preprocess, main pass, dQ conversion), so that `-k regex:device_kernel
+--launch-skip 4 --launch-count 3` profiles the second backward.
 """
 
 import argparse
@@ -58,6 +63,22 @@ def main():
     for plan in (cupyattn.plan_forward(problem, spec), bwd.dkdv, bwd.dq):
         if plan is not None:  # (no dQ pass where the dK/dV pass computes dQ too)
             print(plan.config.name_expression)
+
+
+def fa3_case(args):
+    """FlashAttention-3's forward once, then its backward twice, at the shape of args."""
+    import jax
+    import jax.numpy as jnp
+    from flash_attn3_jax import flash as fa3
+
+    shape = (args.batch, args.seqlen, args.heads, args.dim)
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    q, k, v, do = (jax.random.normal(key, shape, getattr(jnp, args.dtype)) for key in keys)
+    options = dict(softmax_scale=args.dim**-0.5, is_causal=args.causal, window_size=(-1, -1))
+    out, lse = jax.jit(lambda q, k, v: fa3._flash_mha_fwd(q, k, v, **options))(q, k, v)
+    backward = jax.jit(lambda do, q, k, v, o, lse: fa3._flash_mha_bwd(do, q, k, v, o, lse, **options))
+    for _ in range(2):
+        jax.block_until_ready(backward(do, q, k, v, out, lse))
 
 
 if __name__ == "__main__":
