@@ -238,6 +238,20 @@ __device__ __forceinline__ void store_ds_tile(unsigned char* tile, int row, cons
         }
 }
 
+// A key block's work items in order (bwd_dkdv_wgmma_half): query tiles from the last down, the
+// GQA group's query heads inner; `next` steps without a division (one an item cost each consumer
+// warp about 20 instructions and a MUFU round trip on its way to the item's first products).
+struct GroupItems {
+    int first_hq, end_hq, m0;
+    int hq = first_hq;
+    __device__ __forceinline__ void next(int block_m) {
+        if (++hq == end_hq) {
+            hq = first_hq;
+            m0 -= block_m;
+        }
+    }
+};
+
 // The dK/dV pass, and with FUSED dQ added into a float32 accumulator (the kernels below),
 // ORDERED in the order of the key blocks.
 template <class L, typename T, int D_PAD, int BLOCK_M, int BLOCK_N, int NUM_WARPS, bool CAUSAL, bool FUSED,
@@ -295,8 +309,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     // together read the same Q and dO tiles about together, and ORDERED, one key block's turn at a
     // tile comes right after the block before it has been there (heads outer, causal, each block
     // would wait for the extra tiles of every head before it).
-    auto item_m0 = [&](int item) { return m_begin + (m_tiles - 1 - item / kb.group) * BLOCK_M; };
-    auto item_hq = [&](int item) { return h_kv * kb.group + item % kb.group; };
+    const GroupItems first_item{h_kv * kb.group, h_kv * kb.group + kb.group, m_begin + (m_tiles - 1) * BLOCK_M};
 
     // Fused: dq_full[2] (a dQ tile written: each consumer warp writing one arrives), dq_empty[2]
     // (added to global memory: the dQ warp's arrival).
@@ -327,9 +340,10 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                 tma_load_4d(smem + L::v_tile + c * BLOCK_N * 128, &maps.v, c * 64, n0, h_kv, b, kv_full);
             }
             const int rows = padded_query_rows(seqlen_q, BLOCK_M);
-            for (int item = 0; item < n_items; ++item) {
+            GroupItems it = first_item;
+            for (int item = 0; item < n_items; ++item, it.next(BLOCK_M)) {
                 const int stage = item % STAGES, round = item / STAGES;
-                const int hq = item_hq(item), m0 = item_m0(item);
+                const int hq = it.hq, m0 = it.m0;
                 if (round > 0) mbarrier_wait(&empty[stage], (round - 1) & 1);
                 mbarrier_expect_tx(&full[stage], 2 * L::QD_BYTES + 2 * BLOCK_M * 4);
                 unsigned char* qs = smem + L::q_tiles + stage * L::QD_BYTES;
@@ -346,10 +360,10 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             if constexpr (FUSED) {
                 // The dQ warp: each item's dQ tile added to the accumulator by the TMA, ORDERED
                 // after the key blocks before this one have added theirs.
-                for (int item = 0; item < n_items; ++item) {
+                GroupItems it = first_item;
+                for (int item = 0; item < n_items; ++item, it.next(BLOCK_M)) {
                     const int buf = item % 2;
-                    const long long tile =
-                        (kb.b * n_heads_q + item_hq(item)) * dq_accum.m_tiles + item_m0(item) / BLOCK_M;
+                    const long long tile = (kb.b * n_heads_q + it.hq) * dq_accum.m_tiles + it.m0 / BLOCK_M;
                     mbarrier_wait(&dq_full[buf], (item / 2) & 1);
                     if constexpr (ORDERED)
                         while (load_acquire(dq_accum.turns + tile) != n0 / BLOCK_N) {
@@ -420,9 +434,10 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             named_barrier_sync(5, CONSUMERS);
         }
     }
-    for (int item = 0; item < n_items; ++item) {
+    GroupItems it = first_item;
+    for (int item = 0; item < n_items; ++item, it.next(BLOCK_M)) {
         const int stage = item % STAGES;
-        const int m0 = item_m0(item);
+        const int m0 = it.m0;
         const unsigned q_addr = wg_smem_addr(smem + L::q_tiles + stage * L::QD_BYTES);
         const unsigned do_addr = wg_smem_addr(smem + L::do_tiles + stage * L::QD_BYTES);
         const int q0 = SPLIT_SCORES ? d_part * S_QUERIES : 0;  // the first query of this warpgroup's S^T
@@ -504,12 +519,22 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             // dS^T while dV runs.
             wgmma_wait<1>();
             fence_operand(dp);
+            // A select where a mask was needed: dP^T of keys no row sees may be NaN.
+            if (needs_mask) {
 #pragma unroll
-            for (int j = 0; j < M_BLOCKS; ++j) {
-                const float2 d2 = *reinterpret_cast<const float2*>(delta_s + j * 8 + 2 * t);
+                for (int j = 0; j < M_BLOCKS; ++j) {
+                    const float2 d2 = *reinterpret_cast<const float2*>(delta_s + j * 8 + 2 * t);
 #pragma unroll
-                for (int e = 0; e < 4; ++e)  // (a select: dP^T of keys no row sees may be NaN)
-                    dp[j][e] = s[j][e] != 0.0f ? s[j][e] * (dp[j][e] - (e % 2 ? d2.y : d2.x)) : 0.0f;
+                    for (int e = 0; e < 4; ++e)
+                        dp[j][e] = s[j][e] != 0.0f ? s[j][e] * (dp[j][e] - (e % 2 ? d2.y : d2.x)) : 0.0f;
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < M_BLOCKS; ++j) {
+                    const float2 d2 = *reinterpret_cast<const float2*>(delta_s + j * 8 + 2 * t);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) dp[j][e] = s[j][e] * (dp[j][e] - (e % 2 ? d2.y : d2.x));
+                }
             }
             pack_a_operands<T>(dsa, dp);
             const unsigned q_part = q_addr + d_part * PART_CHUNKS * BLOCK_M * 128;
