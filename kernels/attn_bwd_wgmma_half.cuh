@@ -223,19 +223,24 @@ struct DqAccumulator {
 // 64 x 64 chunk of a dQ tile: each warp's stores of a float4 are 512 contiguous bytes.
 __host__ __device__ constexpr int dq_tile_index(int j, int tid, int e) { return j * 512 + tid * 4 + e; }
 
-// dS^T's (or P^T's) packed A operands (bf16 / f16 pairs; rows row and row + 8 of the warp, 16
-// queries a k-step, from query 8 * unit0) into a swizzled [keys][64 queries] tile: dQ = dS K
-// reads it MN-major, dK += dS^T Q and dV += P^T dO K-major.
+// dS^T's (or P^T's) packed A operands (bf16 / f16 pairs; rows warp_row and warp_row + 8 of the
+// warp's 16, 16 queries a k-step, from query 8 * unit0) into a swizzled [keys][64 queries] tile:
+// dQ = dS K reads it MN-major, dK += dS^T Q and dV += P^T dO K-major. A k-step's four words are
+// stmatrix's four 8 x 8 matrices (a_from_acc's word order): lane l gives the address of row l % 8
+// of matrix l / 8, 16 bytes.
 template <int KK>
-__device__ __forceinline__ void store_ds_tile(unsigned char* tile, int row, const unsigned (&a)[KK][4], int t,
+__device__ __forceinline__ void store_ds_tile(unsigned char* tile, int warp_row, const unsigned (&a)[KK][4], int lane,
                                               int unit0 = 0) {
+    const int m = lane / 8, r = warp_row + (m % 2) * 8 + lane % 8;
+    const unsigned row_addr = wg_smem_addr(tile) + r * 128;
 #pragma unroll
-    for (int kk = 0; kk < KK; ++kk)
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const int r = row + (w % 2) * 8, unit = unit0 + 2 * kk + w / 2;  // (a_from_acc's word order)
-            *reinterpret_cast<unsigned*>(tile + r * 128 + ((unit ^ (r % 8)) * 16) + t * 4) = a[kk][w];
-        }
+    for (int kk = 0; kk < KK; ++kk) {
+        const int unit = unit0 + 2 * kk + m / 2;
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         row_addr + ((unit ^ (r % 8)) * 16)),
+                     "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
+                     : "memory");
+    }
 }
 
 // A key block's work items in order (bwd_dkdv_wgmma_half): query tiles from the last down, the
@@ -496,7 +501,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             unsigned char* p_tile = nullptr;
             unsigned char* ds_half = nullptr;
             auto share_half = [&](unsigned char* tile, const unsigned(&a)[M_BLOCKS / 2][4]) {
-                store_ds_tile(tile, (warp % 4) * 16 + g, a, t, q0 / 8);
+                store_ds_tile(tile, (warp % 4) * 16, a, lane, q0 / 8);
                 fence_proxy_async();
                 named_barrier_sync(DS_READY, CONSUMERS);
             };
@@ -562,7 +567,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                 // 64-column chunk of dQ = dS K a warpgroup (D_CHUNKS 1: every other item),
                 // added to dq_accum while dK's products run. (Each branch issues and waits
                 // whole: ptxas serializes wgmmas across one.)
-                store_ds_tile(ds_tile, key_wg * 64 + (warp % 4) * 16 + g, dsa, t);
+                store_ds_tile(ds_tile, key_wg * 64 + (warp % 4) * 16, dsa, lane);
                 fence_proxy_async();
                 const int dq_chunk = (wg + item) % 2;
                 if (dq_chunk < D_CHUNKS) {

@@ -21,7 +21,7 @@ naming the fence).
 
 Emulated: integer and predicate arithmetic, branches, loads and stores (8 to 64 bits,
 vectors; a struct parameter's bytes through its generic address too), packing moves
-(mov.b32 {lo, hi}), cp.async (done at once: its waits pass), cp.async.bulk (done at once,
+(mov.b32 {lo, hi}), stmatrix .x4, cp.async (done at once: its waits pass), cp.async.bulk (done at once,
 its bytes counted on its mbarrier), cp.async.bulk.tensor loads and stores of boxes of a
 tensor_map (this module's own encoding: the driver's maps are opaque), with zeros for
 a load's elements outside the tensor, a store clipped to it, and the 128-byte swizzle
@@ -659,6 +659,8 @@ class _Grid:
             return self._decode_async_copy(op, ops, nxt)
         if name == "shfl":
             return self._decode_shuffle(op, ops)
+        if name == "stmatrix":
+            return self._decode_stmatrix(op, ops)
         if op == "vote.sync.any.pred":
             return self._decode_vote_any(op, ops)
         if name == "mov":
@@ -1298,6 +1300,25 @@ class _Grid:
 
         return offer
 
+    def _decode_stmatrix(self, op: str, ops: list):
+        """stmatrix.sync.aligned.m8n8.x4(.shared).b16 [a], {r0, r1, r2, r3}: a meeting of the
+        warp's lanes (as a shuffle); row i of matrix j (8 x 8 b16) goes to the address of lane
+        8j + i, its 16 bytes the words rj of lanes 4i..4i+3."""
+        if not re.fullmatch(r"stmatrix\.sync\.aligned\.m8n8\.x4(\.shared(::cta)?)?\.b16", op) or len(ops) != 2:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        address = self._address(ops[0])
+        words = [self._operand(r.strip()) for r in ops[1].strip("{}").split(",")]
+        if len(words) != 4:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+
+        space = "shared" if ".shared" in op else ""
+
+        def offer(regs):
+            regs["shuffle"] = ("stmatrix", (address(regs), [w(regs) for w in words], space), 0, "", "")
+            return _SHUFFLE
+
+        return offer
+
     def _decode_elect(self, op: str, ops: list):
         """elect.sync d|p, membermask of the whole warp: a meeting of its lanes (as a
         shuffle), lane 0 elected."""
@@ -1330,9 +1351,15 @@ class _Grid:
         return offer
 
     # execution -----------------------------------------------------------------
-    @staticmethod
-    def _exchange(lanes: list):
+    def _exchange(self, lanes: list):
         offers = [regs.pop("shuffle") for regs in lanes]
+        if offers[0][0] == "stmatrix":
+            for j in range(4):
+                for i in range(8):
+                    (at, _, space), lane = offers[8 * j + i][1], lanes[8 * j + i]
+                    row = sum((offers[4 * i + q][1][1][j] & 0xFFFFFFFF) << (32 * q) for q in range(4))
+                    self.store(lane["%tid.x"], space, at, 16, row)
+            return
         for lane, (regs, (mode, _, b, dst, predicate)) in enumerate(zip(lanes, offers)):
             if mode == "any":
                 regs[dst] = any(offer[1] for offer in offers)
