@@ -284,19 +284,22 @@ template <int N_BLOCKS, bool CAUSAL>
 __device__ __forceinline__ bool online_softmax(float (&s)[N_BLOCKS][4], int row0, int n0, int t, bool needs_mask,
                                                int seqlen_k, int causal_offset, float scale_log2, float (&m_run)[2],
                                                float (&l_run)[2], float (&alpha)[2]) {
-    // (& and |, not && and ||: a select, not a branch an entry)
-    auto visible = [&](int j, int e, int half) {
-        const int col = n0 + j * 8 + 2 * t + e;
-        return (col < seqlen_k) & (!CAUSAL | (col <= row0 + half * 8 + causal_offset));
-    };
     float mx[2][2] = {{CUPYATTN_NEG_INF, CUPYATTN_NEG_INF}, {CUPYATTN_NEG_INF, CUPYATTN_NEG_INF}};
-    // Two loops, not one with needs_mask in every select: most tiles need no mask.
+    // Two loops, not one with needs_mask in every select: most tiles need no mask. Masked,
+    // entries no row may see become -inf once, before the maxima: one compare of a constant
+    // column offset against the row's last visible column (from this lane's first) an entry.
     if (needs_mask) {
+        int last[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+            last[half] = (CAUSAL ? min(seqlen_k - 1, row0 + half * 8 + causal_offset) : seqlen_k - 1) - n0 - 2 * t;
 #pragma unroll
         for (int j = 0; j < N_BLOCKS; ++j)
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-                mx[i / 2][j % 2] = fmaxf(mx[i / 2][j % 2], visible(j, i % 2, i / 2) ? s[j][i] : CUPYATTN_NEG_INF);
+            for (int i = 0; i < 4; ++i) {
+                s[j][i] = j * 8 + i % 2 <= last[i / 2] ? s[j][i] : CUPYATTN_NEG_INF;
+                mx[i / 2][j % 2] = fmaxf(mx[i / 2][j % 2], s[j][i]);
+            }
     } else {
 #pragma unroll
         for (int j = 0; j < N_BLOCKS; ++j)
@@ -323,13 +326,13 @@ __device__ __forceinline__ bool online_softmax(float (&s)[N_BLOCKS][4], int row0
         neg_base[half] = m_run[half] == CUPYATTN_NEG_INF ? 0.0f : -m_run[half];
     }
     float sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-    if (needs_mask) {
+    if (needs_mask) {  // (the -inf entries to 0 by a select: at a zero scale -inf * 0 is NaN)
 #pragma unroll
         for (int j = 0; j < N_BLOCKS; ++j)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const float p = exp2_ftz(fmaf(s[j][i], scale_log2, neg_base[i / 2]));
-                s[j][i] = visible(j, i % 2, i / 2) ? p : 0.0f;
+                s[j][i] = s[j][i] == CUPYATTN_NEG_INF ? 0.0f : p;
                 sum[i / 2][j % 2] += s[j][i];
             }
     } else {
