@@ -456,9 +456,9 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
         if (!skip) {
             float s[M_BLOCKS][4], dp[M_BLOCKS][4];
             wgmma_fence();
-            wgmma_kmajor<WgS, K_STEPS>(s, k_addr, BLOCK_N, q_addr + q0 * 128, BLOCK_M);
+            wgmma_kmajor<WgS, K_STEPS, true>(s, k_addr, BLOCK_N, q_addr + q0 * 128, BLOCK_M);
             wgmma_commit();
-            wgmma_kmajor<WgS, K_STEPS>(dp, v_addr, BLOCK_N, do_addr + q0 * 128, BLOCK_M);
+            wgmma_kmajor<WgS, K_STEPS, true>(dp, v_addr, BLOCK_N, do_addr + q0 * 128, BLOCK_M);
             wgmma_commit();
 
             const int mq0 = m0 + q0;
@@ -511,9 +511,10 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                 share_half(p_tile, pa);
             }
             wgmma_fence();
+            const unsigned long long do_desc = desc_sw128(do_part, BLOCK_M * 128);
 #pragma unroll
             for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-                const auto b = desc_sw128(do_part, BLOCK_M * 128, kk * 2048);
+                const auto b = desc_plus(do_desc, kk * 2048);
                 if constexpr (SPLIT_SCORES)
                     WgD::template ss<true, false, true>(dv_acc, kmajor_step(wg_smem_addr(p_tile), BLOCK_N, kk), b);
                 else
@@ -549,9 +550,10 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             // 64-query chunk: a k-step is 32 bytes into each 128-byte row).
             auto issue_dk = [&] {
                 wgmma_fence();
+                const unsigned long long q_desc = desc_sw128(q_part, BLOCK_M * 128);
 #pragma unroll
                 for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-                    const auto b = desc_sw128(q_part, BLOCK_M * 128, kk * 2048);
+                    const auto b = desc_plus(q_desc, kk * 2048);
                     if constexpr (DK_FROM_TILE)
                         WgD::template ss<true, false, true>(
                             dk_acc, kmajor_step(wg_smem_addr(ds_tile) + key_wg * 64 * 128, BLOCK_N, kk), b);
@@ -576,10 +578,11 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                     const unsigned kc_addr = wg_smem_addr(smem + L::k_tile) + dq_chunk * BLOCK_N * 128;
                     float dq_acc[8][4];
                     wgmma_fence();
+                    const unsigned long long ds_desc = desc_sw128(ds_addr, BLOCK_N * 128);
+                    const unsigned long long kc_desc = desc_sw128(kc_addr, BLOCK_N * 128);
 #pragma unroll
                     for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-                        const auto a = desc_sw128(ds_addr, BLOCK_N * 128, kk * 2048);
-                        const auto b = desc_sw128(kc_addr, BLOCK_N * 128, kk * 2048);
+                        const auto a = desc_plus(ds_desc, kk * 2048), b = desc_plus(kc_desc, kk * 2048);
                         if (kk == 0)
                             WgQ::template ss<false, true>(dq_acc, a, b);
                         else
