@@ -286,13 +286,14 @@ __device__ __forceinline__ bool online_softmax(float (&s)[N_BLOCKS][4], int row0
                                                float (&l_run)[2], float (&alpha)[2]) {
     float mx[2][2] = {{CUPYATTN_NEG_INF, CUPYATTN_NEG_INF}, {CUPYATTN_NEG_INF, CUPYATTN_NEG_INF}};
     // Two loops, not one with needs_mask in every select: most tiles need no mask. Masked,
-    // entries no row may see become -inf once, before the maxima: one compare of a constant
-    // column offset against the row's last visible column (from this lane's first) an entry.
+    // entries no row may see become -inf before the maxima and 0 after the exp, each by one
+    // compare of a constant column offset against the row's last visible column (from this
+    // lane's first).
+    auto last_seen = [&](int half) {
+        return (CAUSAL ? min(seqlen_k - 1, row0 + half * 8 + causal_offset) : seqlen_k - 1) - n0 - 2 * t;
+    };
+    const int last[2] = {last_seen(0), last_seen(1)};
     if (needs_mask) {
-        int last[2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-            last[half] = (CAUSAL ? min(seqlen_k - 1, row0 + half * 8 + causal_offset) : seqlen_k - 1) - n0 - 2 * t;
 #pragma unroll
         for (int j = 0; j < N_BLOCKS; ++j)
 #pragma unroll
@@ -326,13 +327,13 @@ __device__ __forceinline__ bool online_softmax(float (&s)[N_BLOCKS][4], int row0
         neg_base[half] = m_run[half] == CUPYATTN_NEG_INF ? 0.0f : -m_run[half];
     }
     float sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-    if (needs_mask) {  // (the -inf entries to 0 by a select: at a zero scale -inf * 0 is NaN)
+    if (needs_mask) {  // (a select: at a zero scale -inf * 0 is NaN)
 #pragma unroll
         for (int j = 0; j < N_BLOCKS; ++j)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const float p = exp2_ftz(fmaf(s[j][i], scale_log2, neg_base[i / 2]));
-                s[j][i] = s[j][i] == CUPYATTN_NEG_INF ? 0.0f : p;
+                s[j][i] = j * 8 + i % 2 <= last[i / 2] ? p : 0.0f;
                 sum[i / 2][j % 2] += s[j][i];
             }
     } else {
