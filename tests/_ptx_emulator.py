@@ -21,7 +21,10 @@ naming the fence).
 
 Emulated: integer and predicate arithmetic, branches, loads and stores (8 to 64 bits,
 vectors; a struct parameter's bytes through its generic address too), packing moves
-(mov.b32 {lo, hi}), cp.async (done at once: its waits pass), cp.async.bulk (done at once,
+(mov.b32 {lo, hi}), cp.async (its source read at issue, its bytes a store from its issue
+to the wait_group or wait_all that completes its group: checked against earlier accesses
+at issue, stored at the wait; a shared word touched while a copy to it is in flight is a
+race, as is a thread that ends with one), cp.async.bulk (done at once,
 its bytes counted on its mbarrier), cp.async.bulk.tensor loads and stores of boxes of a
 tensor_map (this module's own encoding: the driver's maps are opaque), with zeros for
 a load's elements outside the tensor, a store clipped to it, and the 128-byte swizzle
@@ -468,13 +471,20 @@ class _Grid:
                 return view, address - base, False
         raise IndexError(f"global access at {address:#x} ({size} bytes) outside every argument")
 
-    def _touch(self, thread: int, address: int, size: int, stored: bool, proxy: str = "generic"):
+    def _touch(self, thread: int, address: int, size: int, stored: bool, proxy: str = "generic", record=True):
         """Thread ``thread`` reads or stores shared bytes [address, address + size): a race
         unless every earlier store (and, storing, every earlier read) of each word happened
         before, by the vector clocks; ``proxy`` "async": a bulk copy's store, which must
-        not overwrite a word stored by ordinary stores before their fence.proxy.async."""
+        not overwrite a word stored by ordinary stores before their fence.proxy.async.
+        ``record`` false: only the checks (a cp.async's issue, whose bytes may land then)."""
         clock = self.clocks[thread]
         for word in range(address // 4, (address + size + 3) // 4):
+            if word in self.copying:  # (no wait has completed it: it may land at any time)
+                raise RaceError(
+                    f"shared word at byte {4 * word}: thread {thread} {'stores' if stored else 'loads'} it "
+                    f"while thread {self.copying[word]}'s cp.async to it is in flight (before the "
+                    "cp.async.wait_group that completes it)"
+                )
             if not stored and word not in self.words:
                 raise UninitializedError(f"shared word at byte {4 * word}: thread {thread} loads it, nothing stored it")
             writer, written, readers, unfenced = self.words.get(word, (None, 0, None, None))
@@ -510,6 +520,8 @@ class _Grid:
                     f"shared word at byte {4 * word}: a bulk copy overwrites it, thread {unfenced} "
                     "stored it with no fence.proxy.async since"
                 )
+            if not record:
+                continue
             if stored:
                 if proxy == "generic":
                     self.unfenced[thread].add(word)
@@ -524,6 +536,11 @@ class _Grid:
         ``clock``): each stored before it (and fenced for the async proxy), read until a
         wait_group of one of its threads retires it."""
         for word in read.words:
+            if word in self.copying:
+                raise RaceError(
+                    f"shared word at byte {4 * word}: {read.what} reads it while thread "
+                    f"{self.copying[word]}'s cp.async to it is in flight"
+                )
             if word not in self.words:
                 raise UninitializedError(f"shared word at byte {4 * word}: {read.what} reads it, nothing stored it")
             writer, written, _, unfenced = self.words.get(word, (None, 0, None, None))
@@ -1127,11 +1144,27 @@ class _Grid:
         self._release_if_complete(barrier)
 
     def _decode_async_copy(self, op: str, ops: list, nxt: int):
-        """cp.async's copy done at once (a shared store now: the waits that follow pass);
-        its groups and waits, nothing. cp.async.bulk (.tensor: _decode_tensor_copy) and
-        its bulk groups."""
-        if re.fullmatch(r"cp\.async\.(commit_group|wait_group|wait_all)", op):
-            return lambda regs: nxt
+        """cp.async: the source read at issue, the shared store checked then (its bytes may
+        land from its issue on) and made by the wait_group (or wait_all) that completes its
+        group, as the issuing thread's store; in between its words are in flight (_touch).
+        cp.async.bulk (.tensor: _decode_tensor_copy) and its bulk groups."""
+        if op == "cp.async.commit_group":
+            return lambda regs: self.copy_groups[regs["%tid.x"]].append([]) or nxt
+        if op in ("cp.async.wait_group", "cp.async.wait_all"):
+            # wait_group N: all but the newest N committed groups; wait_all: every copy
+            keep = int(ops[0]) if op == "cp.async.wait_group" else None
+
+            def wait_copies(regs):
+                t = regs["%tid.x"]
+                groups = self.copy_groups[t]
+                while len(groups) - 1 > (keep or 0) or keep is None and groups[0]:
+                    for at, size, value in groups.pop(0):
+                        self._land_copy(t, at, size, value)
+                    if not groups:
+                        groups.append([])
+                return nxt
+
+            return wait_copies
         if op.startswith("cp.async.bulk.tensor."):
             return self._decode_tensor_copy(op, ops, nxt)
         if op == "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32":
@@ -1193,12 +1226,24 @@ class _Grid:
         src_size = self._operand(ops[3]) if len(ops) == 4 else (lambda regs: size)
 
         def copy(regs):
-            n, t = src_size(regs), regs["%tid.x"]
-            data = [self.load(t, "global", src(regs) + i, 1) for i in range(n)] + [0] * (size - n)
-            self.store(t, "shared", dst(regs), size, int.from_bytes(bytes(data), "little"))
+            n, t, at = src_size(regs), regs["%tid.x"], dst(regs)
+            if not 0 <= n <= size:
+                raise ValueError(f"{op}: {n} source bytes of a {size}-byte copy")
+            value = self.load(t, "global", src(regs), n) if n else 0  # (the rest zeros)
+            self._where("shared", at, size)
+            self._touch(t, at, size, True, record=False)  # (what its store may overwrite now)
+            for word in range(at // 4, (at + size + 3) // 4):
+                self.copying[word] = t
+            self.copy_groups[t][-1].append((at, size, value))
             return nxt
 
         return copy
+
+    def _land_copy(self, thread: int, at: int, size: int, value: int):
+        """A cp.async's bytes, stored by its thread as a wait completes it."""
+        for word in range(at // 4, (at + size + 3) // 4):
+            del self.copying[word]
+        self.store(thread, "shared", at, size, value)
 
     def _decode_tensor_copy(self, op: str, ops: list, nxt: int):
         """cp.async.bulk.tensor.Nd, a box of the tensor tensor_map describes: a load to shared
@@ -1472,6 +1517,8 @@ class _Grid:
         self.mbarriers, self.named, self.shared_accesses = {}, {}, {}
         self.wgmma_groups = [[[]] for _ in range(n)]  # committed groups, then the open one
         self.bulk_groups = [[[]] for _ in range(n)]  # (bulk tensor stores' reads, alike)
+        self.copy_groups = [[[]] for _ in range(n)]  # cp.async copies (at, bytes, value), alike
+        self.copying = {}  # shared word -> the thread whose cp.async to it is in flight
         specials = {
             "%ntid.x": n,
             "%ntid.y": 1,
@@ -1540,6 +1587,9 @@ class _Grid:
                 for t, groups in enumerate(self.bulk_groups):
                     if any(groups):
                         raise RaceError(f"thread {t} ends with bulk store reads not retired by a wait_group.read")
+                for t, groups in enumerate(self.copy_groups):
+                    if any(groups):
+                        raise RaceError(f"thread {t} ends with cp.async copies that no wait completed")
                 return
             for t in range(n):
                 if stops[t] == _YIELD:

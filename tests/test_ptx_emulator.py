@@ -770,3 +770,93 @@ def test_half_conversions_round_to_nearest_even_and_widen_exactly():
     np.testing.assert_array_equal(pairs.reshape(n, 4), np.stack([want_nh, want_h, want_nb, want_b], axis=1))
     np.testing.assert_array_equal(back[0::2], h.view(np.float16).astype(np.float32))
     np.testing.assert_array_equal(back[1::2], (b.astype(np.uint32) << 16).view(np.float32))
+
+
+CP_ASYNC_PROBE = r"""
+#include "mma.cuh"
+using namespace cupyattn;
+// Each thread copies 16 bytes (src_bytes of them, zeros after) to its slot of shared memory
+// by cp.async, in two groups (slots t, then n + t); waits (WAIT: wait_group WAIT, 2:
+// wait_all, -1: not at all), passes a barrier and reads its neighbour's slot of group GROUP
+// (-1: none).
+template <int WAIT, int GROUP>
+__global__ void cp_async_probe(const uint4* in, uint4* out, int src_bytes) {
+    __shared__ __align__(16) uint4 slots[2 * 64];
+    const int t = threadIdx.x, n = blockDim.x;
+    for (int g = 0; g < 2; ++g) {
+        cp_async_16(slots + g * n + t, in + g * n + t, src_bytes);
+        cp_async_commit();
+    }
+    if (WAIT == 0 || WAIT == 1) cp_async_wait<WAIT>();
+    if (WAIT == 2) asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    if (GROUP >= 0) out[t] = slots[GROUP * n + (t + 1) % n];
+    if (WAIT >= 0) cp_async_wait<0>();
+}
+"""
+
+
+@pytest.mark.parametrize("wait,group", [(0, 1), (1, 0), (2, 1)])
+@pytest.mark.parametrize("src_bytes", [16, 4, 0])
+def test_a_cp_async_lands_by_the_wait_that_completes_its_group(wait, group, src_bytes):
+    """16-byte copies, the bytes past src_bytes zeros, read across a barrier after a wait that
+    completes their group (wait_group 0, wait_group 1 for the older group, wait_all)."""
+    n = 64
+    words = _random_words(2 * n * 4, src_bytes).reshape(2 * n, 4)
+    out = np.zeros((n, 4), np.uint32)
+    _kernel(CP_ASYNC_PROBE, f"cp_async_probe<{wait}, {group}>").run(n, [words, out, src_bytes])
+    want = words[group * n + (np.arange(n) + 1) % n].copy()
+    want[:, src_bytes // 4 :] = 0
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("wait,group", [(1, 1), (-1, 0)])
+def test_a_cp_async_read_before_the_wait_that_completes_it_is_a_race(wait, group):
+    """The newest group past wait_group 1, or no wait at all: its words are in flight when the
+    neighbour reads them, barrier or not."""
+    n = 64
+    words, out = _random_words(2 * n * 4, 1).reshape(2 * n, 4), np.zeros((n, 4), np.uint32)
+    with pytest.raises(RaceError, match="cp.async to it is in flight"):
+        _kernel(CP_ASYNC_PROBE, f"cp_async_probe<{wait}, {group}>").run(n, [words, out, 16])
+
+
+CP_ASYNC_OVERWRITE_PROBE = r"""
+#include "mma.cuh"
+using namespace cupyattn;
+// Each thread reads its neighbour's slot, then copies new bytes into its own by cp.async,
+// with a barrier between (EARLY) or only between the copy's issue and its wait.
+template <bool EARLY>
+__global__ void cp_async_overwrite_probe(const uint4* in, uint4* out) {
+    __shared__ __align__(16) uint4 slots[64];
+    const int t = threadIdx.x, n = blockDim.x;
+    slots[t] = in[t];
+    __syncthreads();
+    out[t] = slots[(t + 1) % n];
+    if (EARLY) __syncthreads();
+    cp_async_16(slots + t, in + n + t, 16);
+    cp_async_commit();
+    if (!EARLY) __syncthreads();
+    cp_async_wait<0>();
+    __syncthreads();
+    out[n + t] = slots[(t + 1) % n];
+}
+"""
+
+
+def test_a_cp_async_issued_over_a_word_another_thread_may_still_read_is_a_race():
+    """Its bytes may land as soon as it is issued: a barrier between the issue and the wait
+    comes too late for the neighbour's read (it would order that read before the landing,
+    not before the copy)."""
+    n = 64
+    words, out = _random_words(2 * n * 4, 3).reshape(2 * n, 4), np.zeros((2 * n, 4), np.uint32)
+    _kernel(CP_ASYNC_OVERWRITE_PROBE, "cp_async_overwrite_probe<true>").run(n, [words, out])
+    np.testing.assert_array_equal(out, np.concatenate([np.roll(words[:n], -1, 0), np.roll(words[n:], -1, 0)]))
+    with pytest.raises(RaceError, match="unordered"):
+        _kernel(CP_ASYNC_OVERWRITE_PROBE, "cp_async_overwrite_probe<false>").run(n, [words, out])
+
+
+def test_a_thread_that_ends_with_a_cp_async_no_wait_completed_is_an_error():
+    n = 64
+    words, out = _random_words(2 * n * 4, 2).reshape(2 * n, 4), np.zeros((n, 4), np.uint32)
+    with pytest.raises(RaceError, match="cp.async copies that no wait completed"):
+        _kernel(CP_ASYNC_PROBE, "cp_async_probe<-1, -1>").run(n, [words, out, 16])
