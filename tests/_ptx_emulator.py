@@ -1,13 +1,14 @@
 """A compiled kernel's PTX run on the CPU, block after block, so that device code that
 computes addresses, moves words, does float32 arithmetic and meets other threads
 (wgmma_tiles.cuh's rearrangements, the staging launches, the wgmma kernels' producer /
-consumer protocol) is checked as the compiler built it, where no GPU is at hand.
+consumer protocol, the mma.sync kernels' cp.async pipelines) is checked as the compiler
+built it, where no GPU is at hand.
 
 A block's threads run one after another, each up to its next meeting point: a barrier
 (bar.sync / barrier.sync, the block's or a named one of some threads; bar.arrive counts
-towards one without waiting), its warp's shuffle, elect.sync or __syncwarp, its
-warpgroup's wgmma, or an mbarrier wait whose phase has not completed (it tries again
-once the others have moved). A round in which no thread moves is a deadlock
+towards one without waiting), its warp's shuffle, elect.sync, __syncwarp, ldmatrix or
+mma.sync, its warpgroup's wgmma, or an mbarrier wait whose phase has not completed (it
+tries again once the others have moved). A round in which no thread moves is a deadlock
 (DeadlockError, saying where each thread waits); a thread that runs trap raises
 TrapError. Memory ordering is tracked with vector clocks: barriers, mbarrier phases
 (arrivals, and bulk copies' bytes, release; a completed wait acquires), shuffles and
@@ -35,19 +36,23 @@ TF32 rounding (cvt.rna.tf32.f32), float16 and bfloat16 conversions to and from f
 (nearest even; exact), float32 atomic adds to global memory (in the order the threads
 run) and bulk reductions into it (cp.reduce.async.bulk .add.f32, done at once), integer
 adds to global counters (red.global.add: blocks run in turn, so an acquire load sees
-those of the blocks before); wgmma.mma_async m64nNk8 TF32 and m64nNk16 float16 / bfloat16 (operands from
-shared memory through their descriptors - no swizzle, K-major, as wgmma.cuh's core
-matrices, or the 128-byte swizzle, K-major or MN-major, the swizzle on absolute
-addresses as the hardware does - or A from registers; TF32 operands' top 19 bits;
-products exact in float64, summed there and added to float32 accumulators: near the
-tensor cores' results, not their bits) and ex2.approx (2^x rounded to nearest: near,
+those of the blocks before); ldmatrix m8n8 .x1, .x2, .x4 (.trans) of b16 (each row a
+shared load of the lane that addresses it); mma.sync m16n8k16 float16 / bfloat16 and
+m16n8k8 TF32 with float32 accumulators (the PTX ISA's register fragments) and
+wgmma.mma_async m64nNk8 TF32 and m64nNk16 float16 / bfloat16 (operands from shared
+memory through their descriptors - no swizzle, K-major, as wgmma.cuh's core matrices,
+or the 128-byte swizzle, K-major or MN-major, the swizzle on absolute addresses as the
+hardware does - or A from registers), both with TF32 operands' top 19 bits and
+products exact in float64, summed there and added to float32 accumulators (near the
+tensor cores' results, not their bits); ex2.approx (2^x rounded to nearest: near,
 not the GPU's bits) - so a kernel's results are checked against a reference with a
 tolerance, its data movement exactly. A shared word read before anything stored it is
 an UninitializedError. Anything else (division, other float operations and atomics,
-float16 arithmetic, 32- and 64-byte swizzles, descriptor base offsets, clusters, ...)
-raises NotImplementedError naming the instruction, so a kernel never runs partly
-emulated. Global memory is the kernel's array arguments (and tensor maps' arrays), each
-at its own address; shared memory starts as 0xFF bytes (NaN), not zeros.
+float16 arithmetic, other mma shapes and types, 32- and 64-byte swizzles, descriptor
+base offsets, clusters, ...) raises NotImplementedError naming the instruction, so a
+kernel never runs partly emulated. Global memory is the kernel's array arguments (and
+tensor maps' arrays), each at its own address; shared memory starts as 0xFF bytes
+(NaN), not zeros.
 """
 
 import re
@@ -368,8 +373,8 @@ class PtxKernel:
         one-element structured array (kernel_args.attn_args), or those bytes as an array
         (a struct of tensor_map's maps, which need no pointer); else an int.
         ``shared_bytes``: the dynamic shared memory. ``wavefronts``: filled with, for each
-        shared-memory load or store statement, the shared-memory wavefronts of each time
-        a warp ran it (bank_wavefronts). Returns ``args``."""
+        shared-memory load or store statement (ldmatrix too), the shared-memory wavefronts
+        of each time a warp ran it (bank_wavefronts). Returns ``args``."""
         grid = _Grid(self, threads, args, shared_bytes, blocks)
         grid.log_shared = wavefronts is not None
         for block in range(blocks):
@@ -676,6 +681,10 @@ class _Grid:
             return self._decode_async_copy(op, ops, nxt)
         if name == "shfl":
             return self._decode_shuffle(op, ops)
+        if name == "ldmatrix":
+            return self._decode_ldmatrix(pc, op, ops)
+        if name == "mma":
+            return self._decode_mma_sync(op, ops)
         if op == "vote.sync.any.pred":
             return self._decode_vote_any(op, ops)
         if name == "mov":
@@ -1343,6 +1352,45 @@ class _Grid:
 
         return offer
 
+    def _decode_ldmatrix(self, pc: int, op: str, ops: list):
+        """ldmatrix.sync.aligned.m8n8.xN(.trans)(.shared).b16 {r0, ..}, [a]: a meeting of the
+        warp's lanes (as a shuffle). Lane l gives the address of row l % 8 of matrix l / 8
+        (x1, x2: lanes 0-7, 0-15 only), 16 bytes (8 b16) read by that lane; every lane
+        receives in rj the word (row l / 4, b16 columns 2 (l % 4), +1) of matrix j, with
+        .trans of matrix j transposed (_exchange)."""
+        m = re.fullmatch(r"ldmatrix\.sync\.aligned\.m8n8\.x([124])(\.trans)?(\.shared(::cta)?)?\.b16", op)
+        dsts = [r.strip() for r in ops[0].strip("{}").split(",")] if ops else []
+        if not m or len(ops) != 2 or len(dsts) != int(m.group(1)):
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        address = self._address(ops[1])
+        spec = (bool(m.group(2)), "shared" if m.group(3) else "", dsts, pc)
+
+        def offer(regs):
+            regs["shuffle"] = ("ldmatrix", address(regs), spec, "", "")
+            return _SHUFFLE
+
+        return offer
+
+    def _decode_mma_sync(self, op: str, ops: list):
+        """mma.sync.aligned m16n8k16 .row.col float32 += float16 / bfloat16 and m16n8k8
+        float32 += TF32: a meeting of the warp's lanes (as a shuffle), each offering its A,
+        B and C registers (_mma_sync)."""
+        m = re.fullmatch(
+            r"mma\.sync\.aligned\.(?:m16n8k16\.row\.col\.f32\.(b?f16)\.\1|m16n8k8\.row\.col\.f32\.(tf32)\.tf32)\.f32",
+            op,
+        )
+        parts = [[r.strip() for r in x.strip("{}").split(",")] for x in ops]
+        if not m or [len(x) for x in parts] != [4, 4, 2, 4]:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        kind, d_regs = m.group(1) or m.group(2), parts[0]
+        a, b, c = ([self._operand(r) for r in x] for x in parts[1:])
+
+        def offer(regs):
+            regs["shuffle"] = ("mma", [[x(regs) for x in y] for y in (a, b, c)], (kind, d_regs), "", "")
+            return _SHUFFLE
+
+        return offer
+
     def _decode_elect(self, op: str, ops: list):
         """elect.sync d|p, membermask of the whole warp: a meeting of its lanes (as a
         shuffle), lane 0 elected."""
@@ -1375,9 +1423,12 @@ class _Grid:
         return offer
 
     # execution -----------------------------------------------------------------
-    @staticmethod
-    def _exchange(lanes: list):
+    def _exchange(self, lanes: list):
         offers = [regs.pop("shuffle") for regs in lanes]
+        if offers[0][0] == "ldmatrix":
+            return self._ldmatrix(lanes, offers)
+        if offers[0][0] == "mma":
+            return self._mma_sync(lanes, offers)
         for lane, (regs, (mode, _, b, dst, predicate)) in enumerate(zip(lanes, offers)):
             if mode == "any":
                 regs[dst] = any(offer[1] for offer in offers)
@@ -1393,6 +1444,75 @@ class _Grid:
             regs[dst] = offers[source if valid else lane][1]
             if predicate:
                 regs[predicate] = valid
+
+    def _ldmatrix(self, lanes: list, offers: list):
+        """The warp's ldmatrix: each row read by the lane that gives its address (a shared
+        load, its races and uninitialized words as any), then handed out (_decode_ldmatrix)."""
+        trans, space, dsts, pc = offers[0][2]
+        rows = np.zeros((len(dsts), 8, 8), np.uint16)  # [matrix, row, b16 column]
+        for lane in range(8 * len(dsts)):
+            regs, at = lanes[lane], offers[lane][1]
+            if at % 16:
+                raise ValueError(f"ldmatrix: lane {lane}'s row address {at:#x} is not 16-byte aligned")
+            if space == "" and at < _SHARED_WINDOW:
+                raise IndexError(f"ldmatrix: lane {lane}'s row address {at:#x} is not in shared memory")
+            if self.log_shared:
+                self._log_shared(regs, pc, "shared", at, 16)
+            value = self.load(regs["%tid.x"], space, at, 16)
+            rows[lane // 8, lane % 8] = np.frombuffer(value.to_bytes(16, "little"), np.uint16)
+        if trans:
+            rows = rows.transpose(0, 2, 1)
+        lane = np.arange(32)
+        lo, hi = (rows[:, lane // 4, 2 * (lane % 4) + e].astype(np.uint32) for e in (0, 1))
+        words = lo | hi << np.uint32(16)  # [matrix, lane]
+        for lane, regs in enumerate(lanes):
+            for j, dst in enumerate(dsts):
+                regs[dst] = int(words[j, lane])
+
+    def _mma_sync(self, lanes: list, offers: list):
+        """The warp's mma.sync: d = A B + C, A 16 x k row-major, B k x 8 column-major (as
+        B^T, 8 x k, its rows), C and d 16 x 8; each lane's registers as the PTX ISA's
+        fragments (kernels/mma.cuh's header), computed as _wgmma computes (_fragment,
+        _accumulate)."""
+        kind, d_regs = offers[0][2]
+        k = 8 if kind == "tf32" else 16
+        a_words, b_words, c_words = (
+            np.array([o[1][i] for o in offers], dtype=np.uint64).astype(np.uint32) for i in range(3)
+        )
+        lane = np.arange(32)
+        g, t = lane // 4, lane % 4
+        # A: register i of lane (g, t) holds row g + 8 (i % 2), the k-half i / 2; B^T: register
+        # i row g, the k-half i
+        a = self._fragment(kind, a_words, g[:, None] + 8 * (np.arange(4) % 2), np.arange(4) // 2, k, 16)
+        b = self._fragment(kind, b_words, np.repeat(g[:, None], 2, axis=1), np.arange(2), k, 8)
+        # C, d: element e of lane (g, t) at row g + 8 (e / 2), column 2 t + e % 2
+        e = np.arange(4)
+        product = (a @ b.T)[g[:, None] + 8 * (e // 2), 2 * t[:, None] + e % 2]
+        new = self._accumulate(c_words, product, True)
+        for j, regs in enumerate(lanes):
+            for r, value in zip(d_regs, new[j]):
+                regs[r] = int(value)
+
+    @classmethod
+    def _fragment(cls, kind: str, words: np.ndarray, rows: np.ndarray, halves: np.ndarray, k: int, m: int):
+        """Values [m, k] of an operand in the lanes' registers: register i of lane l (t = l %
+        4), ``words[l, i]``, holds row ``rows[l, i]`` at k = ``halves[i]`` k / 2 + t (TF32: one
+        element a word) or + 2 t + e (16-bit: two, e = 0 the lower half). The lanes of a warp
+        (mma.sync) or of a warpgroup (wgmma's A from registers)."""
+        per = 1 if kind == "tf32" else 2
+        t = np.arange(words.shape[0])[:, None] % 4
+        x = np.zeros((m, k))
+        for e in range(per):
+            bits = words >> np.uint32(16 * e) & np.uint32(0xFFFF) if per == 2 else words
+            x[rows, k // 2 * halves[None, :] + per * t + e] = cls._element_values(kind, bits)
+        return x
+
+    @staticmethod
+    def _accumulate(old: np.ndarray, product: np.ndarray, scale_d: bool) -> np.ndarray:
+        """float32 accumulators' bits after adding exact float64 ``product``s to them (or,
+        scale_d false, replacing them), rounded once to float32."""
+        new = old.view(np.float32).astype(np.float64) + product if scale_d else product
+        return new.astype(np.float32).view(np.uint32)
 
     def _operand_bytes(self, desc: int, rows: int, k: int, size: int, mn_major: bool) -> np.ndarray:
         """Shared byte addresses of a wgmma operand of ``rows`` x ``k`` elements of ``size``
@@ -1458,15 +1578,10 @@ class _Grid:
         w, g, t = lane // 32, lane % 32 // 4, lane % 4
         b, b_words = self._shared_operand(kind, b_desc, n, k, bool(trans_b))
         if from_registers:
-            # register i of lane (g, t), warp w: row 16 w + g + 8 (i % 2), k per t + k/2 (i / 2) + its
-            # element (TF32: one a register; 16-bit: two, the lower half the even k)
-            per = 1 if kind == "tf32" else 2
-            a = np.zeros((64, k))
+            # register i of lane (g, t), warp w: row 16 w + g + 8 (i % 2), the k-half i / 2 (as mma.sync's A)
             words = np.array([o[5] for o in offers], dtype=np.uint64).astype(np.uint32)
-            for i in range(4):
-                for e in range(per):
-                    bits = words[:, i] >> np.uint32(16 * e) if per == 2 else words[:, i]
-                    a[16 * w + g + 8 * (i % 2), per * t + k // 2 * (i // 2) + e] = self._element_values(kind, bits)
+            rows = (16 * w + g)[:, None] + 8 * (np.arange(4) % 2)
+            a = self._fragment(kind, words, rows, np.arange(4) // 2, k, 64)
             a_words = np.zeros(0, dtype=np.int64)
         else:
             a, a_words = self._shared_operand(kind, a0, 64, k, bool(trans_a))
@@ -1474,11 +1589,10 @@ class _Grid:
         i = np.arange(n // 2)
         rows = 16 * w[:, None] + g[:, None] + 8 * (i[None, :] % 4 // 2)
         cols = 8 * (i[None, :] // 4) + 2 * t[:, None] + i[None, :] % 2
-        old = np.array([o[3] for o in offers], dtype=np.uint64).astype(np.uint32).view(np.float32)
-        product = sign * (a @ b.T)[rows, cols]
-        new = (old.astype(np.float64) + product if scale_d else product).astype(np.float32)
+        old = np.array([o[3] for o in offers], dtype=np.uint64).astype(np.uint32)
+        new = self._accumulate(old, sign * (a @ b.T)[rows, cols], scale_d)
         for j, regs in enumerate(lanes):
-            for r, value in zip(d_regs, new[j].view(np.uint32)):
+            for r, value in zip(d_regs, new[j]):
                 regs[r] = int(value)
         read = _AsyncRead(np.concatenate([a_words.reshape(-1), b_words.reshape(-1)]).tolist())
         self._async_reads(self.clocks[threads].max(axis=0), read)
