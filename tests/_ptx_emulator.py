@@ -32,7 +32,7 @@ a load's elements outside the tensor, a store clipped to it, and the 128-byte sw
 on the absolute shared addresses; mbarriers (arrivals and transaction bytes:
 expect_tx), elect.sync, vote.sync.any, float32 add, sub, mul, fma and reciprocal rounded to nearest
 even as the GPU rounds them (no flush to zero), max, min, comparisons, int to float,
-TF32 rounding (cvt.rna.tf32.f32), float16 and bfloat16 conversions to and from float32
+TF32 rounding (cvt.rna.tf32.f32; NaNs kept), float16 and bfloat16 conversions to and from float32
 (nearest even; exact), float32 atomic adds to global memory (in the order the threads
 run) and bulk reductions into it (cp.reduce.async.bulk .add.f32, done at once), integer
 adds to global counters (red.global.add: blocks run in turn, so an acquire load sees
@@ -156,12 +156,15 @@ def _fma(a: float, b: float, c: float) -> int:
 
 def _tf32_rna(bits: int) -> int:
     """cvt.rna.tf32.f32: the magnitude rounded half up at bit 13 (a carry may reach the
-    exponent, as rounding up should), the low 13 bits cleared."""
+    exponent, as rounding up should), the low 13 bits cleared. Infinities and NaNs only
+    lose their low 13 bits (the SASS ptxas emits for sm_80 and sm_90 skips the add for
+    them); a NaN whose payload is only there would become an infinity, which the PTX ISA
+    does not say (refused)."""
     bits &= 0xFFFFFFFF
     if bits & 0x7F800000 == 0x7F800000:
-        if bits & 0x7FFFFF:
-            raise NotImplementedError("cvt.rna.tf32.f32 of a NaN")
-        return bits
+        if bits & 0x7FFFFF and not bits & 0x7FE000:
+            raise NotImplementedError("cvt.rna.tf32.f32 of a NaN with a payload in its low 13 bits only")
+        return bits & 0xFFFFE000
     return (bits + 0x1000) & 0xFFFFE000
 
 

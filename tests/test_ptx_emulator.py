@@ -1040,3 +1040,35 @@ def test_mma_sync_multiplies_the_isa_s_fragments_and_adds_c(kind):
 def test_an_mma_sync_it_does_not_emulate_is_refused_by_name():
     with pytest.raises(NotImplementedError, match=r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f16"):
         _kernel(MMA_SYNC_PROBE, "mma_f16_probe").run(32, [np.zeros(32, np.uint32), np.zeros(64, np.uint32)])
+
+
+TF32_PROBE = r"""
+extern "C" __global__ void tf32_probe(const float* x, unsigned* out) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(out[threadIdx.x]) : "f"(x[threadIdx.x]));
+}
+"""
+
+
+def test_tf32_rounding_is_to_nearest_ties_away_and_keeps_infinities_and_nans():
+    """cvt.rna.tf32.f32 against reference.round_to (the low 13 bits of every result clear):
+    ties away from zero, carries into the exponent and past the largest float to infinity;
+    infinities and NaNs (the mma.sync backward's keys no row sees) kept, but for a NaN whose
+    payload only the dropped bits hold."""
+    from cupyattn.reference import round_to
+
+    n = 64
+    bits = np.random.default_rng(6).integers(0, 2**32, n, dtype=np.uint32)
+    special = [0x3F801000, 0xBF803000, 0x3FFFF000, 0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC01234]
+    bits[(bits & 0x7F800000) == 0x7F800000] &= np.uint32(0xBFFFFFFF)  # (random ones finite)
+    bits[: len(special)] = special  # ties, a carry, the largest float, infinities, NaNs
+    x = bits.view(np.float32)
+    out = np.zeros(n, np.uint32)
+    _kernel(TF32_PROBE, "tf32_probe").run(n, [x, out])
+    assert list(out[:8]) == [0x3F802000, 0xBF804000, 0x40000000, 0x7F800000, 0x7F800000, 0xFF800000] + [
+        0x7FC00000,
+        0xFFC00000,
+    ]
+    finite = np.isfinite(x)
+    np.testing.assert_array_equal(out[finite], round_to(x, "tf32")[finite].view(np.uint32))
+    with pytest.raises(NotImplementedError, match="cvt.rna.tf32.f32 of a NaN"):
+        _kernel(TF32_PROBE, "tf32_probe").run(32, [np.uint32([0x7F800001] * 32).view(np.float32), out])
