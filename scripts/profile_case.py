@@ -33,7 +33,10 @@ def main():
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--nondeterministic", action="store_true", help="the backward with deterministic=False")
     parser.add_argument("--precision", default=None, help="for float32: fp32, tf32, bf16 or fp16")
+    parser.add_argument("--fa3", action="store_true", help="FlashAttention-3's kernels (flash_attn3_jax) instead")
     args = parser.parse_args()
+    if args.fa3:
+        return fa3_case(args)
     import numpy as np
 
     rng = np.random.default_rng(0)

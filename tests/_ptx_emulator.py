@@ -1,13 +1,14 @@
 """A compiled kernel's PTX run on the CPU, block after block, so that device code that
 computes addresses, moves words, does float32 arithmetic and meets other threads
 (wgmma_tiles.cuh's rearrangements, the staging launches, the wgmma kernels' producer /
-consumer protocol) is checked as the compiler built it, where no GPU is at hand.
+consumer protocol, the mma.sync kernels' cp.async pipelines) is checked as the compiler
+built it, where no GPU is at hand.
 
 A block's threads run one after another, each up to its next meeting point: a barrier
 (bar.sync / barrier.sync, the block's or a named one of some threads; bar.arrive counts
-towards one without waiting), its warp's shuffle, elect.sync or __syncwarp, its
-warpgroup's wgmma, or an mbarrier wait whose phase has not completed (it tries again
-once the others have moved). A round in which no thread moves is a deadlock
+towards one without waiting), its warp's shuffle, elect.sync, __syncwarp, ldmatrix or
+mma.sync, its warpgroup's wgmma, or an mbarrier wait whose phase has not completed (it
+tries again once the others have moved). A round in which no thread moves is a deadlock
 (DeadlockError, saying where each thread waits); a thread that runs trap raises
 TrapError. Memory ordering is tracked with vector clocks: barriers, mbarrier phases
 (arrivals, and bulk copies' bytes, release; a completed wait acquires), shuffles and
@@ -21,30 +22,37 @@ naming the fence).
 
 Emulated: integer and predicate arithmetic, branches, loads and stores (8 to 64 bits,
 vectors; a struct parameter's bytes through its generic address too), packing moves
-(mov.b32 {lo, hi}), stmatrix .x4, cp.async (done at once: its waits pass), cp.async.bulk (done at once,
+(mov.b32 {lo, hi}), stmatrix .x4, cp.async (its source read at issue, its bytes a store from its issue
+to the wait_group or wait_all that completes its group: checked against earlier accesses
+at issue, stored at the wait; a shared word touched while a copy to it is in flight is a
+race, as is a thread that ends with one), cp.async.bulk (done at once,
 its bytes counted on its mbarrier), cp.async.bulk.tensor loads and stores of boxes of a
 tensor_map (this module's own encoding: the driver's maps are opaque), with zeros for
 a load's elements outside the tensor, a store clipped to it, and the 128-byte swizzle
 on the absolute shared addresses; mbarriers (arrivals and transaction bytes:
 expect_tx), elect.sync, vote.sync.any, float32 add, sub, mul, fma and reciprocal rounded to nearest
 even as the GPU rounds them (no flush to zero), max, min, comparisons, int to float,
-TF32 rounding (cvt.rna.tf32.f32), float16 and bfloat16 conversions to and from float32
+TF32 rounding (cvt.rna.tf32.f32; NaNs kept), float16 and bfloat16 conversions to and from float32
 (nearest even; exact), float32 atomic adds to global memory (in the order the threads
 run) and bulk reductions into it (cp.reduce.async.bulk .add.f32, done at once), integer
 adds to global counters (red.global.add: blocks run in turn, so an acquire load sees
-those of the blocks before); wgmma.mma_async m64nNk8 TF32 and m64nNk16 float16 / bfloat16 (operands from
-shared memory through their descriptors - no swizzle, K-major, as wgmma.cuh's core
-matrices, or the 128-byte swizzle, K-major or MN-major, the swizzle on absolute
-addresses as the hardware does - or A from registers; TF32 operands' top 19 bits;
-products exact in float64, summed there and added to float32 accumulators: near the
-tensor cores' results, not their bits) and ex2.approx (2^x rounded to nearest: near,
+those of the blocks before); ldmatrix m8n8 .x1, .x2, .x4 (.trans) of b16 (each row a
+shared load of the lane that addresses it); mma.sync m16n8k16 float16 / bfloat16 and
+m16n8k8 TF32 with float32 accumulators (the PTX ISA's register fragments) and
+wgmma.mma_async m64nNk8 TF32 and m64nNk16 float16 / bfloat16 (operands from shared
+memory through their descriptors - no swizzle, K-major, as wgmma.cuh's core matrices,
+or the 128-byte swizzle, K-major or MN-major, the swizzle on absolute addresses as the
+hardware does - or A from registers), both with TF32 operands' top 19 bits and
+products exact in float64, summed there and added to float32 accumulators (near the
+tensor cores' results, not their bits); ex2.approx (2^x rounded to nearest: near,
 not the GPU's bits) - so a kernel's results are checked against a reference with a
 tolerance, its data movement exactly. A shared word read before anything stored it is
 an UninitializedError. Anything else (division, other float operations and atomics,
-float16 arithmetic, 32- and 64-byte swizzles, descriptor base offsets, clusters, ...)
-raises NotImplementedError naming the instruction, so a kernel never runs partly
-emulated. Global memory is the kernel's array arguments (and tensor maps' arrays), each
-at its own address; shared memory starts as 0xFF bytes (NaN), not zeros.
+float16 arithmetic, other mma shapes and types, 32- and 64-byte swizzles, descriptor
+base offsets, clusters, ...) raises NotImplementedError naming the instruction, so a
+kernel never runs partly emulated. Global memory is the kernel's array arguments (and
+tensor maps' arrays), each at its own address; shared memory starts as 0xFF bytes
+(NaN), not zeros.
 """
 
 import re
@@ -148,12 +156,15 @@ def _fma(a: float, b: float, c: float) -> int:
 
 def _tf32_rna(bits: int) -> int:
     """cvt.rna.tf32.f32: the magnitude rounded half up at bit 13 (a carry may reach the
-    exponent, as rounding up should), the low 13 bits cleared."""
+    exponent, as rounding up should), the low 13 bits cleared. Infinities and NaNs only
+    lose their low 13 bits (the SASS ptxas emits for sm_80 and sm_90 skips the add for
+    them); a NaN whose payload is only there would become an infinity, which the PTX ISA
+    does not say (refused)."""
     bits &= 0xFFFFFFFF
     if bits & 0x7F800000 == 0x7F800000:
-        if bits & 0x7FFFFF:
-            raise NotImplementedError("cvt.rna.tf32.f32 of a NaN")
-        return bits
+        if bits & 0x7FFFFF and not bits & 0x7FE000:
+            raise NotImplementedError("cvt.rna.tf32.f32 of a NaN with a payload in its low 13 bits only")
+        return bits & 0xFFFFE000
     return (bits + 0x1000) & 0xFFFFE000
 
 
@@ -365,8 +376,8 @@ class PtxKernel:
         one-element structured array (kernel_args.attn_args), or those bytes as an array
         (a struct of tensor_map's maps, which need no pointer); else an int.
         ``shared_bytes``: the dynamic shared memory. ``wavefronts``: filled with, for each
-        shared-memory load or store statement, the shared-memory wavefronts of each time
-        a warp ran it (bank_wavefronts). Returns ``args``."""
+        shared-memory load or store statement (ldmatrix too), the shared-memory wavefronts
+        of each time a warp ran it (bank_wavefronts). Returns ``args``."""
         grid = _Grid(self, threads, args, shared_bytes, blocks)
         grid.log_shared = wavefronts is not None
         for block in range(blocks):
@@ -468,13 +479,20 @@ class _Grid:
                 return view, address - base, False
         raise IndexError(f"global access at {address:#x} ({size} bytes) outside every argument")
 
-    def _touch(self, thread: int, address: int, size: int, stored: bool, proxy: str = "generic"):
+    def _touch(self, thread: int, address: int, size: int, stored: bool, proxy: str = "generic", record=True):
         """Thread ``thread`` reads or stores shared bytes [address, address + size): a race
         unless every earlier store (and, storing, every earlier read) of each word happened
         before, by the vector clocks; ``proxy`` "async": a bulk copy's store, which must
-        not overwrite a word stored by ordinary stores before their fence.proxy.async."""
+        not overwrite a word stored by ordinary stores before their fence.proxy.async.
+        ``record`` false: only the checks (a cp.async's issue, whose bytes may land then)."""
         clock = self.clocks[thread]
         for word in range(address // 4, (address + size + 3) // 4):
+            if word in self.copying:  # (no wait has completed it: it may land at any time)
+                raise RaceError(
+                    f"shared word at byte {4 * word}: thread {thread} {'stores' if stored else 'loads'} it "
+                    f"while thread {self.copying[word]}'s cp.async to it is in flight (before the "
+                    "cp.async.wait_group that completes it)"
+                )
             if not stored and word not in self.words:
                 raise UninitializedError(f"shared word at byte {4 * word}: thread {thread} loads it, nothing stored it")
             writer, written, readers, unfenced = self.words.get(word, (None, 0, None, None))
@@ -510,6 +528,8 @@ class _Grid:
                     f"shared word at byte {4 * word}: a bulk copy overwrites it, thread {unfenced} "
                     "stored it with no fence.proxy.async since"
                 )
+            if not record:
+                continue
             if stored:
                 if proxy == "generic":
                     self.unfenced[thread].add(word)
@@ -524,6 +544,11 @@ class _Grid:
         ``clock``): each stored before it (and fenced for the async proxy), read until a
         wait_group of one of its threads retires it."""
         for word in read.words:
+            if word in self.copying:
+                raise RaceError(
+                    f"shared word at byte {4 * word}: {read.what} reads it while thread "
+                    f"{self.copying[word]}'s cp.async to it is in flight"
+                )
             if word not in self.words:
                 raise UninitializedError(f"shared word at byte {4 * word}: {read.what} reads it, nothing stored it")
             writer, written, _, unfenced = self.words.get(word, (None, 0, None, None))
@@ -661,6 +686,10 @@ class _Grid:
             return self._decode_shuffle(op, ops)
         if name == "stmatrix":
             return self._decode_stmatrix(op, ops)
+        if name == "ldmatrix":
+            return self._decode_ldmatrix(pc, op, ops)
+        if name == "mma":
+            return self._decode_mma_sync(op, ops)
         if op == "vote.sync.any.pred":
             return self._decode_vote_any(op, ops)
         if name == "mov":
@@ -1129,11 +1158,27 @@ class _Grid:
         self._release_if_complete(barrier)
 
     def _decode_async_copy(self, op: str, ops: list, nxt: int):
-        """cp.async's copy done at once (a shared store now: the waits that follow pass);
-        its groups and waits, nothing. cp.async.bulk (.tensor: _decode_tensor_copy) and
-        its bulk groups."""
-        if re.fullmatch(r"cp\.async\.(commit_group|wait_group|wait_all)", op):
-            return lambda regs: nxt
+        """cp.async: the source read at issue, the shared store checked then (its bytes may
+        land from its issue on) and made by the wait_group (or wait_all) that completes its
+        group, as the issuing thread's store; in between its words are in flight (_touch).
+        cp.async.bulk (.tensor: _decode_tensor_copy) and its bulk groups."""
+        if op == "cp.async.commit_group":
+            return lambda regs: self.copy_groups[regs["%tid.x"]].append([]) or nxt
+        if op in ("cp.async.wait_group", "cp.async.wait_all"):
+            # wait_group N: all but the newest N committed groups; wait_all: every copy
+            keep = int(ops[0]) if op == "cp.async.wait_group" else None
+
+            def wait_copies(regs):
+                t = regs["%tid.x"]
+                groups = self.copy_groups[t]
+                while len(groups) - 1 > (keep or 0) or keep is None and groups[0]:
+                    for at, size, value in groups.pop(0):
+                        self._land_copy(t, at, size, value)
+                    if not groups:
+                        groups.append([])
+                return nxt
+
+            return wait_copies
         if op.startswith("cp.async.bulk.tensor."):
             return self._decode_tensor_copy(op, ops, nxt)
         if op == "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32":
@@ -1195,12 +1240,24 @@ class _Grid:
         src_size = self._operand(ops[3]) if len(ops) == 4 else (lambda regs: size)
 
         def copy(regs):
-            n, t = src_size(regs), regs["%tid.x"]
-            data = [self.load(t, "global", src(regs) + i, 1) for i in range(n)] + [0] * (size - n)
-            self.store(t, "shared", dst(regs), size, int.from_bytes(bytes(data), "little"))
+            n, t, at = src_size(regs), regs["%tid.x"], dst(regs)
+            if not 0 <= n <= size:
+                raise ValueError(f"{op}: {n} source bytes of a {size}-byte copy")
+            value = self.load(t, "global", src(regs), n) if n else 0  # (the rest zeros)
+            self._where("shared", at, size)
+            self._touch(t, at, size, True, record=False)  # (what its store may overwrite now)
+            for word in range(at // 4, (at + size + 3) // 4):
+                self.copying[word] = t
+            self.copy_groups[t][-1].append((at, size, value))
             return nxt
 
         return copy
+
+    def _land_copy(self, thread: int, at: int, size: int, value: int):
+        """A cp.async's bytes, stored by its thread as a wait completes it."""
+        for word in range(at // 4, (at + size + 3) // 4):
+            del self.copying[word]
+        self.store(thread, "shared", at, size, value)
 
     def _decode_tensor_copy(self, op: str, ops: list, nxt: int):
         """cp.async.bulk.tensor.Nd, a box of the tensor tensor_map describes: a load to shared
@@ -1319,6 +1376,45 @@ class _Grid:
 
         return offer
 
+    def _decode_ldmatrix(self, pc: int, op: str, ops: list):
+        """ldmatrix.sync.aligned.m8n8.xN(.trans)(.shared).b16 {r0, ..}, [a]: a meeting of the
+        warp's lanes (as a shuffle). Lane l gives the address of row l % 8 of matrix l / 8
+        (x1, x2: lanes 0-7, 0-15 only), 16 bytes (8 b16) read by that lane; every lane
+        receives in rj the word (row l / 4, b16 columns 2 (l % 4), +1) of matrix j, with
+        .trans of matrix j transposed (_exchange)."""
+        m = re.fullmatch(r"ldmatrix\.sync\.aligned\.m8n8\.x([124])(\.trans)?(\.shared(::cta)?)?\.b16", op)
+        dsts = [r.strip() for r in ops[0].strip("{}").split(",")] if ops else []
+        if not m or len(ops) != 2 or len(dsts) != int(m.group(1)):
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        address = self._address(ops[1])
+        spec = (bool(m.group(2)), "shared" if m.group(3) else "", dsts, pc)
+
+        def offer(regs):
+            regs["shuffle"] = ("ldmatrix", address(regs), spec, "", "")
+            return _SHUFFLE
+
+        return offer
+
+    def _decode_mma_sync(self, op: str, ops: list):
+        """mma.sync.aligned m16n8k16 .row.col float32 += float16 / bfloat16 and m16n8k8
+        float32 += TF32: a meeting of the warp's lanes (as a shuffle), each offering its A,
+        B and C registers (_mma_sync)."""
+        m = re.fullmatch(
+            r"mma\.sync\.aligned\.(?:m16n8k16\.row\.col\.f32\.(b?f16)\.\1|m16n8k8\.row\.col\.f32\.(tf32)\.tf32)\.f32",
+            op,
+        )
+        parts = [[r.strip() for r in x.strip("{}").split(",")] for x in ops]
+        if not m or [len(x) for x in parts] != [4, 4, 2, 4]:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        kind, d_regs = m.group(1) or m.group(2), parts[0]
+        a, b, c = ([self._operand(r) for r in x] for x in parts[1:])
+
+        def offer(regs):
+            regs["shuffle"] = ("mma", [[x(regs) for x in y] for y in (a, b, c)], (kind, d_regs), "", "")
+            return _SHUFFLE
+
+        return offer
+
     def _decode_elect(self, op: str, ops: list):
         """elect.sync d|p, membermask of the whole warp: a meeting of its lanes (as a
         shuffle), lane 0 elected."""
@@ -1360,6 +1456,10 @@ class _Grid:
                     row = sum((offers[4 * i + q][1][1][j] & 0xFFFFFFFF) << (32 * q) for q in range(4))
                     self.store(lane["%tid.x"], space, at, 16, row)
             return
+        if offers[0][0] == "ldmatrix":
+            return self._ldmatrix(lanes, offers)
+        if offers[0][0] == "mma":
+            return self._mma_sync(lanes, offers)
         for lane, (regs, (mode, _, b, dst, predicate)) in enumerate(zip(lanes, offers)):
             if mode == "any":
                 regs[dst] = any(offer[1] for offer in offers)
@@ -1375,6 +1475,75 @@ class _Grid:
             regs[dst] = offers[source if valid else lane][1]
             if predicate:
                 regs[predicate] = valid
+
+    def _ldmatrix(self, lanes: list, offers: list):
+        """The warp's ldmatrix: each row read by the lane that gives its address (a shared
+        load, its races and uninitialized words as any), then handed out (_decode_ldmatrix)."""
+        trans, space, dsts, pc = offers[0][2]
+        rows = np.zeros((len(dsts), 8, 8), np.uint16)  # [matrix, row, b16 column]
+        for lane in range(8 * len(dsts)):
+            regs, at = lanes[lane], offers[lane][1]
+            if at % 16:
+                raise ValueError(f"ldmatrix: lane {lane}'s row address {at:#x} is not 16-byte aligned")
+            if space == "" and at < _SHARED_WINDOW:
+                raise IndexError(f"ldmatrix: lane {lane}'s row address {at:#x} is not in shared memory")
+            if self.log_shared:
+                self._log_shared(regs, pc, "shared", at, 16)
+            value = self.load(regs["%tid.x"], space, at, 16)
+            rows[lane // 8, lane % 8] = np.frombuffer(value.to_bytes(16, "little"), np.uint16)
+        if trans:
+            rows = rows.transpose(0, 2, 1)
+        lane = np.arange(32)
+        lo, hi = (rows[:, lane // 4, 2 * (lane % 4) + e].astype(np.uint32) for e in (0, 1))
+        words = lo | hi << np.uint32(16)  # [matrix, lane]
+        for lane, regs in enumerate(lanes):
+            for j, dst in enumerate(dsts):
+                regs[dst] = int(words[j, lane])
+
+    def _mma_sync(self, lanes: list, offers: list):
+        """The warp's mma.sync: d = A B + C, A 16 x k row-major, B k x 8 column-major (as
+        B^T, 8 x k, its rows), C and d 16 x 8; each lane's registers as the PTX ISA's
+        fragments (kernels/mma.cuh's header), computed as _wgmma computes (_fragment,
+        _accumulate)."""
+        kind, d_regs = offers[0][2]
+        k = 8 if kind == "tf32" else 16
+        a_words, b_words, c_words = (
+            np.array([o[1][i] for o in offers], dtype=np.uint64).astype(np.uint32) for i in range(3)
+        )
+        lane = np.arange(32)
+        g, t = lane // 4, lane % 4
+        # A: register i of lane (g, t) holds row g + 8 (i % 2), the k-half i / 2; B^T: register
+        # i row g, the k-half i
+        a = self._fragment(kind, a_words, g[:, None] + 8 * (np.arange(4) % 2), np.arange(4) // 2, k, 16)
+        b = self._fragment(kind, b_words, np.repeat(g[:, None], 2, axis=1), np.arange(2), k, 8)
+        # C, d: element e of lane (g, t) at row g + 8 (e / 2), column 2 t + e % 2
+        e = np.arange(4)
+        product = (a @ b.T)[g[:, None] + 8 * (e // 2), 2 * t[:, None] + e % 2]
+        new = self._accumulate(c_words, product, True)
+        for j, regs in enumerate(lanes):
+            for r, value in zip(d_regs, new[j]):
+                regs[r] = int(value)
+
+    @classmethod
+    def _fragment(cls, kind: str, words: np.ndarray, rows: np.ndarray, halves: np.ndarray, k: int, m: int):
+        """Values [m, k] of an operand in the lanes' registers: register i of lane l (t = l %
+        4), ``words[l, i]``, holds row ``rows[l, i]`` at k = ``halves[i]`` k / 2 + t (TF32: one
+        element a word) or + 2 t + e (16-bit: two, e = 0 the lower half). The lanes of a warp
+        (mma.sync) or of a warpgroup (wgmma's A from registers)."""
+        per = 1 if kind == "tf32" else 2
+        t = np.arange(words.shape[0])[:, None] % 4
+        x = np.zeros((m, k))
+        for e in range(per):
+            bits = words >> np.uint32(16 * e) & np.uint32(0xFFFF) if per == 2 else words
+            x[rows, k // 2 * halves[None, :] + per * t + e] = cls._element_values(kind, bits)
+        return x
+
+    @staticmethod
+    def _accumulate(old: np.ndarray, product: np.ndarray, scale_d: bool) -> np.ndarray:
+        """float32 accumulators' bits after adding exact float64 ``product``s to them (or,
+        scale_d false, replacing them), rounded once to float32."""
+        new = old.view(np.float32).astype(np.float64) + product if scale_d else product
+        return new.astype(np.float32).view(np.uint32)
 
     def _operand_bytes(self, desc: int, rows: int, k: int, size: int, mn_major: bool) -> np.ndarray:
         """Shared byte addresses of a wgmma operand of ``rows`` x ``k`` elements of ``size``
@@ -1440,15 +1609,10 @@ class _Grid:
         w, g, t = lane // 32, lane % 32 // 4, lane % 4
         b, b_words = self._shared_operand(kind, b_desc, n, k, bool(trans_b))
         if from_registers:
-            # register i of lane (g, t), warp w: row 16 w + g + 8 (i % 2), k per t + k/2 (i / 2) + its
-            # element (TF32: one a register; 16-bit: two, the lower half the even k)
-            per = 1 if kind == "tf32" else 2
-            a = np.zeros((64, k))
+            # register i of lane (g, t), warp w: row 16 w + g + 8 (i % 2), the k-half i / 2 (as mma.sync's A)
             words = np.array([o[5] for o in offers], dtype=np.uint64).astype(np.uint32)
-            for i in range(4):
-                for e in range(per):
-                    bits = words[:, i] >> np.uint32(16 * e) if per == 2 else words[:, i]
-                    a[16 * w + g + 8 * (i % 2), per * t + k // 2 * (i // 2) + e] = self._element_values(kind, bits)
+            rows = (16 * w + g)[:, None] + 8 * (np.arange(4) % 2)
+            a = self._fragment(kind, words, rows, np.arange(4) // 2, k, 64)
             a_words = np.zeros(0, dtype=np.int64)
         else:
             a, a_words = self._shared_operand(kind, a0, 64, k, bool(trans_a))
@@ -1456,11 +1620,10 @@ class _Grid:
         i = np.arange(n // 2)
         rows = 16 * w[:, None] + g[:, None] + 8 * (i[None, :] % 4 // 2)
         cols = 8 * (i[None, :] // 4) + 2 * t[:, None] + i[None, :] % 2
-        old = np.array([o[3] for o in offers], dtype=np.uint64).astype(np.uint32).view(np.float32)
-        product = sign * (a @ b.T)[rows, cols]
-        new = (old.astype(np.float64) + product if scale_d else product).astype(np.float32)
+        old = np.array([o[3] for o in offers], dtype=np.uint64).astype(np.uint32)
+        new = self._accumulate(old, sign * (a @ b.T)[rows, cols], scale_d)
         for j, regs in enumerate(lanes):
-            for r, value in zip(d_regs, new[j].view(np.uint32)):
+            for r, value in zip(d_regs, new[j]):
                 regs[r] = int(value)
         read = _AsyncRead(np.concatenate([a_words.reshape(-1), b_words.reshape(-1)]).tolist())
         self._async_reads(self.clocks[threads].max(axis=0), read)
@@ -1499,6 +1662,8 @@ class _Grid:
         self.mbarriers, self.named, self.shared_accesses = {}, {}, {}
         self.wgmma_groups = [[[]] for _ in range(n)]  # committed groups, then the open one
         self.bulk_groups = [[[]] for _ in range(n)]  # (bulk tensor stores' reads, alike)
+        self.copy_groups = [[[]] for _ in range(n)]  # cp.async copies (at, bytes, value), alike
+        self.copying = {}  # shared word -> the thread whose cp.async to it is in flight
         specials = {
             "%ntid.x": n,
             "%ntid.y": 1,
@@ -1567,6 +1732,9 @@ class _Grid:
                 for t, groups in enumerate(self.bulk_groups):
                     if any(groups):
                         raise RaceError(f"thread {t} ends with bulk store reads not retired by a wait_group.read")
+                for t, groups in enumerate(self.copy_groups):
+                    if any(groups):
+                        raise RaceError(f"thread {t} ends with cp.async copies that no wait completed")
                 return
             for t in range(n):
                 if stops[t] == _YIELD:

@@ -1,11 +1,13 @@
 """The wgmma kernels run whole on the CPU (_ptx_emulator: their PTX as NVRTC compiles it
 for sm_90a, no GPU): the staging launch, then the forward, the dK/dV or dQ pass, or the
 fused backward, every block, with their producer warpgroups, mbarriers, named barriers,
-bulk copies, wgmma and atomics. What this checks without a GPU: that no thread waits
-forever, that no shared word is touched by two threads unordered (or read by a wgmma
-before the fence that makes a thread's stores visible to it), that none is read before
-something stored it, and that the results match the float64 reference (the emulated
-tensor cores sum exactly, so within float32 roundings, not bit for bit as on the GPU).
+bulk copies, wgmma and atomics; and the mma.sync kernels (sm_80+: cp.async stages,
+ldmatrix, mma.sync) in every precision mode. What this checks without a GPU: that no
+thread waits forever, that no shared word is touched by two threads unordered (or read
+by a wgmma before the fence that makes a thread's stores visible to it, or while a
+cp.async to it is in flight), that none is read before something stored it, and that
+the results match the float64 reference (the emulated tensor cores sum exactly, so
+within float32 roundings, not bit for bit as on the GPU).
 The GPU tests (test_precision_gpu, test_backward_gpu, test_forward_gpu) run the same
 kernels on the GPU."""
 
@@ -83,10 +85,16 @@ def _close(got, want, name, precision):
     np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE[precision] * scale, err_msg=name)
 
 
+def _staged(cfg, *operands):
+    """The last argument of a float32 wgmma pass, its staged tiles (none for mma.sync)."""
+    staging = getattr(cfg, "staging", None)
+    return () if staging is None else (_stage(staging, *operands),)
+
+
 def _emulated_forward(cfg, q, k, v, offset, wavefronts=None):
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    staged = _stage(cfg.staging, k, v)
+    staged = _staged(cfg, k, v)
     out, lse = np.full_like(q, np.nan), np.full((B, Hq, Sq), np.nan, np.float32)
     tiles = -(-Sq // cfg.block_m)
     _run(
@@ -111,7 +119,7 @@ def _emulated_forward(cfg, q, k, v, offset, wavefronts=None):
             np.int32(tiles),
             np.float32(LOG2E / np.sqrt(D)),
             np.int32(offset),
-            staged,
+            *staged,
         ],
         cfg.layout.total,
         wavefronts,
@@ -119,11 +127,24 @@ def _emulated_forward(cfg, q, k, v, offset, wavefronts=None):
     return out, lse
 
 
+def _emulated_delta(dtype, dout, out, delta):
+    """attn_bwd_delta's launch (as planned beside the mma.sync dK/dV pass): delta = rowsum(dO O)."""
+    from cupyattn.plan import BwdDeltaConfig
+
+    cfg = BwdDeltaConfig(dtype)
+    B, Sq, Hq, D = dout.shape
+    rows = B * Hq * Sq
+    args = [dout, out, delta, *_strides(dout), *_strides(out), np.int32(Hq), np.int32(Sq), np.int32(D)]
+    _run(cfg, -(-rows // cfg.rows_per_block), [*args, np.int64(rows)])
+
+
 def _emulated_dkdv(cfg, q, k, v, dout, out, lse, offset, wavefronts=None):
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     delta = np.full((B, Hq, Sq), np.nan, np.float32)
-    staged = _stage(cfg.staging, q, dout, out, lse, delta)
+    if getattr(cfg, "staging", None) is None:  # mma.sync: delta by its own launch first
+        _emulated_delta(cfg.dtype, dout, out, delta)
+    staged = _staged(cfg, q, dout, out, lse, delta)  # (the query tiles' staging writes delta)
     dk, dv = np.full_like(k, np.nan), np.full_like(v, np.nan)
     tiles = -(-Sk // cfg.block_n)
     scale = np.float32(1 / np.sqrt(D))
@@ -155,7 +176,7 @@ def _emulated_dkdv(cfg, q, k, v, dout, out, lse, offset, wavefronts=None):
             scale,
             np.float32(scale * LOG2E),
             np.int32(offset),
-            staged,
+            *staged,
         ],
         cfg.layout.total,
         wavefronts,
@@ -166,7 +187,7 @@ def _emulated_dkdv(cfg, q, k, v, dout, out, lse, offset, wavefronts=None):
 def _emulated_dq(cfg, q, k, v, dout, lse, delta, offset, wavefronts=None):
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    staged = _stage(cfg.staging, k, v)
+    staged = _staged(cfg, k, v)
     dq = np.full_like(q, np.nan)
     tiles = -(-Sq // cfg.block_m)
     scale = np.float32(1 / np.sqrt(D))
@@ -196,7 +217,7 @@ def _emulated_dq(cfg, q, k, v, dout, lse, delta, offset, wavefronts=None):
             scale,
             np.float32(scale * LOG2E),
             np.int32(offset),
-            staged,
+            *staged,
         ],
         cfg.layout.total,
         wavefronts,
@@ -322,11 +343,24 @@ def test_wgmma_forward_runs_whole_on_the_emulator(precision, D, tile, causal):
     np.testing.assert_allclose(lse, want_lse, rtol=TOLERANCE[precision], atol=0, err_msg="lse")
 
 
+def _half_maps(cfg, q, k, v, dout):
+    """The TMA maps of a float16 / bfloat16 wgmma backward pass: q, k, v, dout, boxes of
+    its query and key tiles' rows."""
+    rows = (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m)
+    return np.concatenate([_ptx_emulator.tensor_map(x, r) for x, r in zip((q, k, v, dout), rows)])
+
+
 def _half_array(values, dtype):
     """float32 host values as a NumPy array of the 16-bit dtype the kernel reads."""
     from cupyattn.testing import bfloat16_dtype
 
     return values.astype(np.float16 if dtype == "float16" else bfloat16_dtype())
+
+
+def _kernel_array(values, dtype):
+    """float32 host values as the (new, contiguous) array of ``dtype`` a kernel reads."""
+    values = np.ascontiguousarray(values, np.float32)
+    return values.copy() if dtype == "float32" else _half_array(values, dtype)
 
 
 @pytest.mark.skipif(not hasattr(_ptx_emulator, "tensor_map"), reason="the emulator has no TMA maps yet")
@@ -467,16 +501,11 @@ def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_
     assert (padded[0, ..., :Sq] == (lse * np.float32(LOG2E))).all() and (padded[1, ..., :Sq] == delta).all()
     assert (padded[:, ..., Sq:] == 0).all()
     inputs = (q, k, v, dout, lse, delta)
-
-    def maps(cfg):
-        m = [_ptx_emulator.tensor_map(x, rows) for x, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n))]
-        return np.concatenate([*m, _ptx_emulator.tensor_map(dout, cfg.block_m)])
-
     nan = np.full((B, Sk, Hkv, D), np.nan, np.float32)
     dk, dv = _half_array(nan, dtype), _half_array(nan, dtype)
     n_tiles = -(-Sk // dkdv.block_n)
     args = [q, k, v, dout, padded[0], padded[1], dk, dv, *strides, *_strides(dk), *_strides(dv), *sizes]
-    args += [np.int32(n_tiles), *tail, maps(dkdv)]
+    args += [np.int32(n_tiles), *tail, _half_maps(dkdv, q, k, v, dout)]
     dq = _half_array(np.full((B, Sq, Hq, D), np.nan, np.float32), dtype)
     if fused:
         accum = np.zeros(dkdv.accumulator_shape(B, Hq, Sq), np.float32)
@@ -492,7 +521,16 @@ def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_
     else:
         _run(dkdv, n_tiles * B * Hkv, args, dkdv.layout.total)
         m_tiles = -(-Sq // dq_cfg.block_m)
-        args = [*inputs, dq, *strides, *_strides(dq), *sizes, np.int32(m_tiles), *tail, maps(dq_cfg)]
+        args = [
+            *inputs,
+            dq,
+            *strides,
+            *_strides(dq),
+            *sizes,
+            np.int32(m_tiles),
+            *tail,
+            _half_maps(dq_cfg, q, k, v, dout),
+        ]
         _run(dq_cfg, m_tiles * B * Hq, args, dq_cfg.layout.total)
 
     ref = attention_backward_reference(hdo, hq, hk, hv, causal)
@@ -500,3 +538,185 @@ def test_wgmma_half_backward_runs_whole_on_the_emulator(dtype, D, dkdv_tile, dq_
     for name, got, want, want_p in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, ref_p):
         cmp = testing.compare(got.astype(np.float32), want, want_p, dtype, max(Sq * Hq, Sk, D), factor=3.0)
         assert cmp.ok, f"{name}: {cmp}"
+
+
+def _mma_inputs(dtype, B, Sq, Sk, Hq, Hkv, D, causal, seed):
+    """Standard-normal q, k, v, dO rounded to ``dtype`` (float32 host values) and the arrays
+    the kernels read (top-left causal: NaN in the keys and values no row sees)."""
+    from cupyattn import testing
+
+    rng = np.random.default_rng(seed)
+    hq, hdo = (testing.host_values((B, Sq, Hq, D), dtype, rng) for _ in range(2))
+    hk, hv = (testing.host_values((B, Sk, Hkv, D), dtype, rng) for _ in range(2))
+    arrays = [_kernel_array(x, dtype) for x in (hq, hk, hv, hdo)]
+    if causal == "top_left":
+        for x in arrays[1:3]:
+            x[:, Sq:] = np.nan
+    return (hq, hk, hv, hdo), arrays
+
+
+# mma.sync tiles (block_m, block_n, warps) from the planner's lists (plan.FWD_MMA_TILES, ...):
+# two 16-row m-tiles a warp (128, 64, 4), one (64, 32, 4), the smallest (16, 16, 1); dK/dV
+# with two warps sharing 16 keys ((32, 32, 4): d_split 2, as planned at head dim 256).
+MMA_CASES = [
+    # dtype, precision, D, forward tile, dK/dV tile, dQ tile, causal, Sq, Sk
+    ("float16", "fp16", 64, (128, 64, 4), (64, 64, 4), (64, 64, 4), False, 70, 130),
+    ("bfloat16", "bf16", 64, (128, 64, 4), (64, 64, 4), (64, 64, 4), True, 70, 130),
+    ("float16", "fp16", 72, (64, 32, 4), (32, 64, 4), (64, 32, 4), "top_left", 37, 90),
+    ("bfloat16", "bf16", 40, (32, 32, 2), (16, 16, 1), (32, 32, 2), True, 90, 37),  # rows that see no key
+    ("float16", "fp16", 256, (128, 64, 8), (32, 32, 4), (128, 32, 8), True, 40, 70),
+    ("bfloat16", "bf16", 136, (64, 64, 4), (32, 64, 4), (64, 32, 4), False, 33, 50),
+    # float32 inputs: 3xTF32, one TF32 pass, operands staged as float16 / bfloat16
+    ("float32", "fp32", 64, (64, 32, 4), (32, 64, 4), (64, 32, 4), True, 37, 50),
+    ("float32", "tf32", 64, (128, 64, 4), (64, 64, 4), (64, 64, 4), "top_left", 37, 90),
+    ("float32", "fp16", 40, (64, 32, 4), (64, 128, 8), (32, 32, 2), False, 37, 50),  # warps past the keys
+    ("float32", "bf16", 64, (32, 32, 2), (16, 16, 1), (16, 16, 1), True, 50, 37),
+]
+
+
+@pytest.mark.parametrize("dtype,precision,D,fwd_tile,dkdv_tile,dq_tile,causal,Sq,Sk", MMA_CASES)
+def test_mma_forward_runs_whole_on_the_emulator(dtype, precision, D, fwd_tile, dkdv_tile, dq_tile, causal, Sq, Sk):
+    """attn_fwd_mma (ldmatrix, mma.sync, the two cp.async stages of K and V, float32 inputs
+    staged as float16 / bfloat16 through registers) on GQA 2:1, Sq != Sk, partial tiles,
+    every block: no race, no shared word read before it is written, and the GPU tests'
+    rule against the float64 reference (test_forward_gpu: FlashAttention's, twice the
+    same-precision reference's error plus a floor)."""
+    from cupyattn import testing
+    from cupyattn.plan import FwdMmaConfig, mma_head_dim_pad
+    from cupyattn.reference import (
+        attention_reference,
+        causal_offset,
+        logit_bound,
+        operand_precision,
+        unit_roundoff,
+    )
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    cfg = FwdMmaConfig(dtype, precision, mma_head_dim_pad(D), *fwd_tile, bool(causal))
+    assert cfg.valid
+    (hq, hk, hv, _), (q, k, v, _) = _mma_inputs(dtype, 1, Sq, Sk, 2, 1, D, causal, seed=D + Sq + Sk)
+    out, lse = _emulated_forward(cfg, q, k, v, causal_offset(causal, Sq, Sk) or 0)
+    ref, ref_lse = attention_reference(hq, hk, hv, causal)
+    operands, out_precision = operand_precision(dtype, precision)
+    ref_p, _ = attention_reference(hq, hk, hv, causal, precision=operands, out_precision=out_precision)
+    bound = logit_bound(hq, hk)
+    cmp = testing.compare(out.astype(np.float32), ref, ref_p, operands, Sk, logit_bound=bound)
+    assert cmp.ok, str(cmp)
+    lse_tol = 2e-5 + (4 * unit_roundoff(operands) * bound if operands != dtype else 0.0)
+    np.testing.assert_allclose(lse, ref_lse, rtol=lse_tol, atol=lse_tol)
+
+
+def _check_mma_gradients(dtype, precision, grads, inputs, causal):
+    """test_backward_gpu's rule: three times the same-precision reference's error plus a
+    floor, with the error delta's cancellation may leave in dQ and dK."""
+    from cupyattn import testing
+    from cupyattn.reference import (
+        attention_backward_reference,
+        cancellation_unit,
+        delta_cancellation_error,
+        logit_bound,
+        operand_precision,
+    )
+
+    hq, hk, hv, hdo = inputs
+    (_, Sq, Hq, D), (_, Sk, Hkv, _) = hq.shape, hk.shape
+    ref = attention_backward_reference(hdo, hq, hk, hv, causal)
+    operands, out_precision = operand_precision(dtype, precision)
+    ref_p = attention_backward_reference(hdo, hq, hk, hv, causal, precision=operands, out_precision=out_precision)
+    unit = cancellation_unit(dtype, precision)
+    extra = (*delta_cancellation_error(hdo, hq, hk, hv, causal, unit=unit), 0.0)
+    reduction, bound = max(Sq * (Hq // Hkv), Sk, D), logit_bound(hq, hk)
+    for name, got, want, want_p, e in zip(("dq", "dk", "dv"), grads, ref, ref_p, extra):
+        cmp = testing.compare(got.astype(np.float32), want, want_p, operands, reduction, 3.0, bound, e)
+        assert cmp.ok, f"{name}: {cmp}"
+
+
+@pytest.mark.parametrize("dtype,precision,D,fwd_tile,dkdv_tile,dq_tile,causal,Sq,Sk", MMA_CASES)
+def test_mma_backward_runs_whole_on_the_emulator(dtype, precision, D, fwd_tile, dkdv_tile, dq_tile, causal, Sq, Sk):
+    """attn_bwd_delta, then attn_bwd_dkdv_mma (K and V kept, Q, dO, lse and delta tiles through
+    two cp.async stages over the GQA group's query heads; S^T and dP^T by ldmatrix fragments,
+    dV and dK from accumulators times k-major tiles) and attn_bwd_dq_mma, every block, on GQA
+    2:1, Sq != Sk, partial tiles: no race, no shared word read before it is written, no NaN
+    from keys no row sees (top-left), the GPU tests' rule against the float64 reference."""
+    from cupyattn.plan import BwdDkdvMmaConfig, BwdDqMmaConfig, mma_head_dim_pad
+    from cupyattn.reference import attention_reference, causal_offset
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    dkdv = BwdDkdvMmaConfig(dtype, precision, mma_head_dim_pad(D), *dkdv_tile, bool(causal))
+    dq_cfg = BwdDqMmaConfig(dtype, precision, mma_head_dim_pad(D), *dq_tile, bool(causal))
+    assert dkdv.valid and dq_cfg.valid
+    inputs, (q, k, v, dout) = _mma_inputs(dtype, 1, Sq, Sk, 2, 1, D, causal, seed=D + Sq + Sk + 1)
+    hq, hk, hv, _ = inputs
+    out, lse = attention_reference(hq, hk, hv, causal)
+    out, lse = _kernel_array(out, dtype), np.ascontiguousarray(lse, np.float32)
+    offset = causal_offset(causal, Sq, Sk) or 0
+    dk, dv, delta = _emulated_dkdv(dkdv, q, k, v, dout, out, lse, offset)
+    dq = _emulated_dq(dq_cfg, q, k, v, dout, lse, delta, offset)
+    exact = np.einsum("bshd,bshd->bhs", dout.astype(np.float64), out.astype(np.float64))
+    np.testing.assert_allclose(delta, exact, rtol=1e-5, atol=1e-5)
+    _check_mma_gradients(dtype, precision, (dq, dk, dv), inputs, causal)
+
+
+@pytest.mark.skipif(not hasattr(_ptx_emulator, "tensor_map"), reason="the emulator has no TMA maps yet")
+@pytest.mark.parametrize(
+    "dtype,D,causal", [("float16", 136, True), ("bfloat16", 168, "top_left"), ("bfloat16", 192, False)]
+)
+def test_mma_dkdv_beside_the_wgmma_half_dq_as_planned_on_an_h100(dtype, D, causal):
+    """Head dims 136-192 of float16 / bfloat16 on an H100 (planned at B=4, H=16, S=4096):
+    attn_bwd_delta, the mma.sync dK/dV pass (the wgmma dK/dV tiles would keep more
+    accumulators than a consumer's registers; d_split 2 at 192) and the wgmma dQ pass (TMA
+    tiles), on GQA 2:1, Sq != Sk: no race, no shared word read before it is written, no
+    NaN from keys no row sees, the GPU tests' rule against the float64 reference."""
+    from cupyattn.device import named_device
+    from cupyattn.plan import AttentionProblem, BwdDeltaConfig, BwdDkdvMmaConfig, BwdDqWgmmaHalfConfig, plan_backward
+    from cupyattn.reference import attention_reference, causal_offset
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    bplan = plan_backward(AttentionProblem(dtype, D, D, bool(causal), 4, 16, 16, 4096, 4096), named_device("h100"))
+    dkdv, dq_cfg = bplan.dkdv.config, bplan.dq.config
+    assert isinstance(dkdv, BwdDkdvMmaConfig) and isinstance(dq_cfg, BwdDqWgmmaHalfConfig)
+    assert type(bplan.delta) is BwdDeltaConfig and bplan.dq_convert is None
+    Sq, Sk, Hq = 70, 90, 2
+    inputs, (q, k, v, dout) = _mma_inputs(dtype, 1, Sq, Sk, Hq, 1, D, causal, seed=D)
+    hq, hk, hv, _ = inputs
+    out, lse = attention_reference(hq, hk, hv, causal)
+    out, lse = _kernel_array(out, dtype), np.ascontiguousarray(lse, np.float32)
+    offset = causal_offset(causal, Sq, Sk) or 0
+    dk, dv, delta = _emulated_dkdv(dkdv, q, k, v, dout, out, lse, offset)
+    dq = _kernel_array(np.full(q.shape, np.nan), dtype)
+    m_tiles = -(-Sq // dq_cfg.block_m)
+    scale = np.float32(1 / np.sqrt(D))
+    args = [q, k, v, dout, lse, delta, dq, *(s for x in (q, k, v, dout, dq) for s in _strides(x))]
+    args += [np.int32(Hq), np.int32(1), np.int32(Sq), np.int32(Sk), np.int32(D), np.int32(D), np.int32(m_tiles)]
+    args += [scale, np.float32(scale * LOG2E), np.int32(offset), _half_maps(dq_cfg, q, k, v, dout)]
+    _run(dq_cfg, m_tiles * Hq, args, dq_cfg.layout.total)
+    _check_mma_gradients(dtype, None, (dq, dk, dv), inputs, causal)
+
+
+@pytest.mark.parametrize("dtype,precision", [("float16", "fp16"), ("float32", "tf32")])
+def test_mma_fragment_loads_take_the_fewest_shared_wavefronts(dtype, precision):
+    """The rows' 16 bytes of padding (mma.cuh, padded_stride) put the 8 rows of each
+    ldmatrix phase in 8 bank groups (.x4: 4 wavefronts) and, float32, the k-major loads of
+    rows 2t and 2t + 1 in 32 banks (1): in the forward, dK/dV and dQ passes."""
+    from cupyattn.plan import BwdDkdvMmaConfig, BwdDqMmaConfig, FwdMmaConfig
+    from cupyattn.reference import attention_reference
+
+    D, Sq, Sk = 64, 64, 64
+    inputs, (q, k, v, dout) = _mma_inputs(dtype, 1, Sq, Sk, 1, 1, D, False, seed=3)
+    out, lse = attention_reference(*inputs[:3])
+    out, lse = _kernel_array(out, dtype), np.ascontiguousarray(lse, np.float32)
+    waves = [{}, {}, {}]
+    _emulated_forward(FwdMmaConfig(dtype, precision, D, 64, 32, 4, False), q, k, v, 0, waves[0])
+    dkdv = BwdDkdvMmaConfig(dtype, precision, D, 32, 64, 4, False)
+    _, _, delta = _emulated_dkdv(dkdv, q, k, v, dout, out, lse, 0, waves[1])
+    _emulated_dq(BwdDqMmaConfig(dtype, precision, D, 64, 32, 4, False), q, k, v, dout, lse, delta, 0, waves[2])
+    for wavefronts in waves:
+        fragments = {s: set(runs) for s, runs in wavefronts.items() if s.startswith(("ldmatrix", "ld.shared.b32"))}
+        assert any(s.startswith("ldmatrix") for s in fragments)
+        assert any(s.startswith("ld.shared.b32") for s in fragments) == (dtype == "float32")
+        assert all(
+            runs == ({4} if s.startswith("ldmatrix.sync.aligned.m8n8.x4") else {1}) for s, runs in fragments.items()
+        )

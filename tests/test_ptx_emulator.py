@@ -6,7 +6,9 @@ zero_transposed_rows) and the staging launches (wgmma_staging.cuh) as compiled, 
 CPU (the GPU tests run them on the GPU); then float16 / bfloat16 wgmma on 128-byte
 swizzled tiles (K-major and MN-major, from shared memory and from registers) and tensor
 copies (cp.async.bulk.tensor through tensor_map, expect_tx), against NumPy and the layout
-an H100 produced in probes like these."""
+an H100 produced in probes like these; then the mma.sync kernels' own: cp.async groups and
+the waits that land them, ldmatrix and mma.sync against the PTX ISA's register fragments
+built in NumPy."""
 
 import numpy as np
 import pytest
@@ -795,3 +797,303 @@ def test_half_conversions_round_to_nearest_even_and_widen_exactly():
     np.testing.assert_array_equal(pairs.reshape(n, 4), np.stack([want_nh, want_h, want_nb, want_b], axis=1))
     np.testing.assert_array_equal(back[0::2], h.view(np.float16).astype(np.float32))
     np.testing.assert_array_equal(back[1::2], (b.astype(np.uint32) << 16).view(np.float32))
+
+
+CP_ASYNC_PROBE = r"""
+#include "mma.cuh"
+using namespace cupyattn;
+// Each thread copies 16 bytes (src_bytes of them, zeros after) to its slot of shared memory
+// by cp.async, in two groups (slots t, then n + t); waits (WAIT: wait_group WAIT, 2:
+// wait_all, -1: not at all), passes a barrier and reads its neighbour's slot of group GROUP
+// (-1: none).
+template <int WAIT, int GROUP>
+__global__ void cp_async_probe(const uint4* in, uint4* out, int src_bytes) {
+    __shared__ __align__(16) uint4 slots[2 * 64];
+    const int t = threadIdx.x, n = blockDim.x;
+    for (int g = 0; g < 2; ++g) {
+        cp_async_16(slots + g * n + t, in + g * n + t, src_bytes);
+        cp_async_commit();
+    }
+    if (WAIT == 0 || WAIT == 1) cp_async_wait<WAIT>();
+    if (WAIT == 2) asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    if (GROUP >= 0) out[t] = slots[GROUP * n + (t + 1) % n];
+    if (WAIT >= 0) cp_async_wait<0>();
+}
+"""
+
+
+@pytest.mark.parametrize("wait,group", [(0, 1), (1, 0), (2, 1)])
+@pytest.mark.parametrize("src_bytes", [16, 4, 0])
+def test_a_cp_async_lands_by_the_wait_that_completes_its_group(wait, group, src_bytes):
+    """16-byte copies, the bytes past src_bytes zeros, read across a barrier after a wait that
+    completes their group (wait_group 0, wait_group 1 for the older group, wait_all)."""
+    n = 64
+    words = _random_words(2 * n * 4, src_bytes).reshape(2 * n, 4)
+    out = np.zeros((n, 4), np.uint32)
+    _kernel(CP_ASYNC_PROBE, f"cp_async_probe<{wait}, {group}>").run(n, [words, out, src_bytes])
+    want = words[group * n + (np.arange(n) + 1) % n].copy()
+    want[:, src_bytes // 4 :] = 0
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("wait,group", [(1, 1), (-1, 0)])
+def test_a_cp_async_read_before_the_wait_that_completes_it_is_a_race(wait, group):
+    """The newest group past wait_group 1, or no wait at all: its words are in flight when the
+    neighbour reads them, barrier or not."""
+    n = 64
+    words, out = _random_words(2 * n * 4, 1).reshape(2 * n, 4), np.zeros((n, 4), np.uint32)
+    with pytest.raises(RaceError, match="cp.async to it is in flight"):
+        _kernel(CP_ASYNC_PROBE, f"cp_async_probe<{wait}, {group}>").run(n, [words, out, 16])
+
+
+CP_ASYNC_OVERWRITE_PROBE = r"""
+#include "mma.cuh"
+using namespace cupyattn;
+// Each thread reads its neighbour's slot, then copies new bytes into its own by cp.async,
+// with a barrier between (EARLY) or only between the copy's issue and its wait.
+template <bool EARLY>
+__global__ void cp_async_overwrite_probe(const uint4* in, uint4* out) {
+    __shared__ __align__(16) uint4 slots[64];
+    const int t = threadIdx.x, n = blockDim.x;
+    slots[t] = in[t];
+    __syncthreads();
+    out[t] = slots[(t + 1) % n];
+    if (EARLY) __syncthreads();
+    cp_async_16(slots + t, in + n + t, 16);
+    cp_async_commit();
+    if (!EARLY) __syncthreads();
+    cp_async_wait<0>();
+    __syncthreads();
+    out[n + t] = slots[(t + 1) % n];
+}
+"""
+
+
+def test_a_cp_async_issued_over_a_word_another_thread_may_still_read_is_a_race():
+    """Its bytes may land as soon as it is issued: a barrier between the issue and the wait
+    comes too late for the neighbour's read (it would order that read before the landing,
+    not before the copy)."""
+    n = 64
+    words, out = _random_words(2 * n * 4, 3).reshape(2 * n, 4), np.zeros((2 * n, 4), np.uint32)
+    _kernel(CP_ASYNC_OVERWRITE_PROBE, "cp_async_overwrite_probe<true>").run(n, [words, out])
+    np.testing.assert_array_equal(out, np.concatenate([np.roll(words[:n], -1, 0), np.roll(words[n:], -1, 0)]))
+    with pytest.raises(RaceError, match="unordered"):
+        _kernel(CP_ASYNC_OVERWRITE_PROBE, "cp_async_overwrite_probe<false>").run(n, [words, out])
+
+
+def test_a_thread_that_ends_with_a_cp_async_no_wait_completed_is_an_error():
+    n = 64
+    words, out = _random_words(2 * n * 4, 2).reshape(2 * n, 4), np.zeros((n, 4), np.uint32)
+    with pytest.raises(RaceError, match="cp.async copies that no wait completed"):
+        _kernel(CP_ASYNC_PROBE, "cp_async_probe<-1, -1>").run(n, [words, out, 16])
+
+
+LDMATRIX_PROBE = r"""
+// ldmatrix .xN (.trans) of 8 x 8 b16 matrices: 32 rows of 8 b16 from global memory, row r
+// at the 16-byte slot 31 - r of a shared tile (reversed: the lanes' addresses place the
+// rows), written by warp WRITER (1: across a barrier, or not with SYNC false) but for row
+// SKIP; lane l gives row l's address (matrix l / 8, row l % 8; past the N matrices an
+// address outside shared memory) and stores the N words it receives. GENERIC: the row
+// addresses as generic pointers (ldmatrix without .shared).
+template <int N, bool TRANS, bool GENERIC = false, int WRITER = 0, bool SYNC = true, int SKIP = -1>
+__global__ void ldmatrix_probe(const uint4* in, unsigned* out) {
+    __shared__ __align__(16) uint4 tile[32];
+    const int lane = threadIdx.x % 32;
+    if (threadIdx.x / 32 == WRITER && lane != SKIP) tile[31 - lane] = in[lane];
+    if (SYNC) __syncthreads();
+    if (threadIdx.x >= 32) return;
+    const unsigned at = lane < 8 * N ? (unsigned)__cvta_generic_to_shared(tile + 31 - lane) : 1u << 20;
+    const unsigned long long p = (unsigned long long)(tile + 31 - lane);
+    unsigned r[4] = {0, 0, 0, 0};
+#define LDM(X, T, S, R, A, ...) asm volatile("ldmatrix.sync.aligned.m8n8." X T S ".b16 " R ", [%" #A "];" : __VA_ARGS__)
+    if (GENERIC)
+        LDM("x4", "", "", "{%0, %1, %2, %3}", 4, "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
+    else if (N == 1 && !TRANS) LDM("x1", "", ".shared", "{%0}", 1, "=r"(r[0]) : "r"(at));
+    else if (N == 1) LDM("x1", ".trans", ".shared::cta", "{%0}", 1, "=r"(r[0]) : "r"(at));
+    else if (N == 2 && !TRANS) LDM("x2", "", ".shared", "{%0, %1}", 2, "=r"(r[0]), "=r"(r[1]) : "r"(at));
+    else if (N == 2) LDM("x2", ".trans", ".shared", "{%0, %1}", 2, "=r"(r[0]), "=r"(r[1]) : "r"(at));
+    else if (!TRANS)
+        LDM("x4", "", ".shared", "{%0, %1, %2, %3}", 4, "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(at));
+    else
+        LDM("x4", ".trans", ".shared", "{%0, %1, %2, %3}", 4, "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+            : "r"(at));
+    for (int j = 0; j < N; ++j) out[lane * N + j] = r[j];
+}
+"""
+
+
+def _ldmatrix_words(rows: np.ndarray, n: int, trans: bool) -> np.ndarray:
+    """[lane, matrix] words lane l receives of n 8 x 8 b16 matrices (``rows``: 32 x 8 uint16,
+    matrix j its rows 8j..8j+7): the PTX ISA's fragment, (row l / 4, columns 2 (l % 4) and
+    2 (l % 4) + 1), the first in the lower half; .trans reads each matrix transposed."""
+    lane = np.arange(32)
+    words = np.zeros((32, n), np.uint32)
+    for j in range(n):
+        m = rows[8 * j : 8 * j + 8].astype(np.uint32)
+        if trans:
+            m = m.T
+        words[:, j] = m[lane // 4, 2 * (lane % 4)] | m[lane // 4, 2 * (lane % 4) + 1] << np.uint32(16)
+    return words
+
+
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_ldmatrix_hands_each_lane_its_words_of_the_rows_the_lanes_address(n, trans):
+    """ldmatrix .x1 / .x2 / .x4 (.trans) against the ISA's fragment built in NumPy; the lanes
+    past the N matrices give addresses outside shared memory, which must go unread."""
+    rows = _random_words(32 * 4, 10 * n + trans).view(np.uint16).reshape(32, 8)
+    out = np.zeros(32 * n, np.uint32)
+    _kernel(LDMATRIX_PROBE, f"ldmatrix_probe<{n}, {str(trans).lower()}>").run(32, [rows, out])
+    np.testing.assert_array_equal(out.reshape(32, n), _ldmatrix_words(rows, n, trans))
+    # (a layout read the other way round would fail: the two differ)
+    assert (out.reshape(32, n) != _ldmatrix_words(rows, n, not trans)).mean() > 0.9
+
+
+def test_ldmatrix_of_generic_addresses_and_its_rows_in_the_bank_wavefronts():
+    """ldmatrix without .shared takes generic addresses; each matrix's 8 rows are one
+    128-byte phase (the tile's 16-byte rows in 8 bank groups: 4 wavefronts for .x4)."""
+    rows = _random_words(32 * 4, 3).view(np.uint16).reshape(32, 8)
+    out, wavefronts = np.zeros(32 * 4, np.uint32), {}
+    _kernel(LDMATRIX_PROBE, "ldmatrix_probe<4, false, true>").run(32, [rows, out], wavefronts=wavefronts)
+    np.testing.assert_array_equal(out.reshape(32, 4), _ldmatrix_words(rows, 4, False))
+    assert [runs for s, runs in wavefronts.items() if s.startswith("ldmatrix")] == [[4]]
+
+
+def test_ldmatrix_rows_are_shared_loads_checked_for_races_and_uninitialized_words():
+    rows = _random_words(32 * 4, 4).view(np.uint16).reshape(32, 8)
+    out = np.zeros(32 * 4, np.uint32)
+    _kernel(LDMATRIX_PROBE, "ldmatrix_probe<4, true, false, 1>").run(64, [rows, out])
+    np.testing.assert_array_equal(out.reshape(32, 4), _ldmatrix_words(rows, 4, True))
+    with pytest.raises(RaceError, match="unordered"):  # warp 1 stores the rows, no barrier
+        _kernel(LDMATRIX_PROBE, "ldmatrix_probe<4, true, false, 1, false>").run(64, [rows, out])
+    with pytest.raises(UninitializedError, match="nothing stored it"):  # row 5 at slot 26
+        _kernel(LDMATRIX_PROBE, "ldmatrix_probe<4, false, false, 0, true, 5>").run(32, [rows, out])
+
+
+MMA_SYNC_PROBE = r"""
+// One mma.sync of a warp on its registers as given: lane l's A words a[4l..4l+3], B words
+// b[2l..2l+1], C c[4l..4l+3]; d[4l..4l+3] gets its D.
+#define MMA(SHAPE, TY)                                                                            \
+    asm volatile("mma.sync.aligned." SHAPE ".row.col.f32." TY "." TY ".f32 {%0, %1, %2, %3}, "    \
+                 "{%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"                              \
+                 : "=f"(d[4 * l]), "=f"(d[4 * l + 1]), "=f"(d[4 * l + 2]), "=f"(d[4 * l + 3])     \
+                 : "r"(a[4 * l]), "r"(a[4 * l + 1]), "r"(a[4 * l + 2]), "r"(a[4 * l + 3]),        \
+                   "r"(b[2 * l]), "r"(b[2 * l + 1]), "f"(c[4 * l]), "f"(c[4 * l + 1]),            \
+                   "f"(c[4 * l + 2]), "f"(c[4 * l + 3]))
+template <int KIND>  // 0: float16, 1: bfloat16, 2: TF32
+__global__ void mma_sync_probe(const unsigned* a, const unsigned* b, const float* c, float* d) {
+    const int l = threadIdx.x;
+    if (KIND == 0) MMA("m16n8k16", "f16");
+    if (KIND == 1) MMA("m16n8k16", "bf16");
+    if (KIND == 2) MMA("m16n8k8", "tf32");
+}
+// An mma.sync the emulator leaves out (float16 accumulators).
+__global__ void mma_f16_probe(const unsigned* a, unsigned* d) {
+    const int l = threadIdx.x;
+    unsigned x, y;
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0, %1}, {%2, %2, %2, %2}, {%2, %2}, {%2, %2};"
+                 : "=r"(x), "=r"(y) : "r"(a[l]));
+    d[2 * l] = x;
+    d[2 * l + 1] = y;
+}
+"""
+
+
+def _mma_fragments(a_bits: np.ndarray, b_bits: np.ndarray, kind: str):
+    """Lanes' A and B words of the PTX ISA's m16n8k16 (16-bit: a_bits 16 x 16, b_bits 16 x 8
+    of uint16) or m16n8k8 (TF32: 16 x 8, 8 x 8 of uint32) fragments, with g = l / 4, t = l % 4:
+    16-bit A word i row g + 8 (i % 2), columns 2t + 8 (i / 2) (the lower half) and the next;
+    B word i rows 2t + 8i and the next, column g. TF32: A word i row g + 8 (i % 2), column
+    t + 4 (i / 2); B word i row t + 4i, column g."""
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    a, b = np.zeros((32, 4), np.uint32), np.zeros((32, 2), np.uint32)
+    for i in range(4):
+        if kind == "tf32":
+            a[:, i] = a_bits[g + 8 * (i % 2), t + 4 * (i // 2)]
+        else:
+            row, col = g + 8 * (i % 2), 2 * t + 8 * (i // 2)
+            a[:, i] = a_bits[row, col].astype(np.uint32) | a_bits[row, col + 1].astype(np.uint32) << 16
+    for i in range(2):
+        if kind == "tf32":
+            b[:, i] = b_bits[t + 4 * i, g]
+        else:
+            row = 2 * t + 8 * i
+            b[:, i] = b_bits[row, g].astype(np.uint32) | b_bits[row + 1, g].astype(np.uint32) << 16
+    return a, b
+
+
+def _mma_d(d: np.ndarray) -> np.ndarray:
+    """[lane, e] of a 16 x 8 float32 C / D: row g + 8 (e / 2), column 2t + e % 2."""
+    lane, e = np.arange(32)[:, None], np.arange(4)[None, :]
+    return d[lane // 4 + 8 * (e // 2), 2 * (lane % 4) + e % 2]
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16", "tf32"])
+def test_mma_sync_multiplies_the_isa_s_fragments_and_adds_c(kind):
+    """D = A B + C of one m16n8k16 (float16, bfloat16) or m16n8k8 (TF32) mma.sync, the lanes'
+    registers built from A, B and C in NumPy by the ISA's fragment layouts: products exact,
+    summed and added to C in float64 and rounded once (TF32: each operand's top 19 bits,
+    the low 13 random). A's words 1 and 2 taken the other way round would not match."""
+    rng = np.random.default_rng(["f16", "bf16", "tf32"].index(kind))
+    k = 8 if kind == "tf32" else 16
+    x, y = rng.standard_normal((16, k)), rng.standard_normal((k, 8))
+    if kind == "tf32":
+        (a_bits, av), (b_bits, bv) = (
+            (bits, (bits & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64))
+            for bits in (z.astype(np.float32).view(np.uint32) for z in (x, y))
+        )
+        assert (a_bits & 0x1FFF).any()  # (bits the tensor cores drop)
+    else:
+        (a_bits, av), (b_bits, bv) = (_half_operand(z, kind == "bf16") for z in (x, y))
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    a, b = _mma_fragments(a_bits, b_bits, kind)
+    d = np.full((32, 4), np.nan, np.float32)
+    _kernel(MMA_SYNC_PROBE, f"mma_sync_probe<{['f16', 'bf16', 'tf32'].index(kind)}>").run(
+        32, [a, b, _mma_d(c).astype(np.float32), d]
+    )
+    want = (av @ bv + c).astype(np.float32)
+    np.testing.assert_array_equal(d, _mma_d(want))
+    swapped = av.copy()  # A's words 1 and 2 read the other way round (rows g + 8 for columns + k/2)
+    swapped[:8, k // 2 :], swapped[8:, : k // 2] = av[8:, : k // 2], av[:8, k // 2 :]
+    assert np.abs(d - _mma_d(swapped @ bv + c)).max() > 0.5
+    exact = _mma_d((x @ y + c).astype(np.float32))  # (unrounded operands: not what it computes)
+    assert (d != exact).mean() > 0.5
+
+
+def test_an_mma_sync_it_does_not_emulate_is_refused_by_name():
+    with pytest.raises(NotImplementedError, match=r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f16"):
+        _kernel(MMA_SYNC_PROBE, "mma_f16_probe").run(32, [np.zeros(32, np.uint32), np.zeros(64, np.uint32)])
+
+
+TF32_PROBE = r"""
+extern "C" __global__ void tf32_probe(const float* x, unsigned* out) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(out[threadIdx.x]) : "f"(x[threadIdx.x]));
+}
+"""
+
+
+def test_tf32_rounding_is_to_nearest_ties_away_and_keeps_infinities_and_nans():
+    """cvt.rna.tf32.f32 against reference.round_to (the low 13 bits of every result clear):
+    ties away from zero, carries into the exponent and past the largest float to infinity;
+    infinities and NaNs (the mma.sync backward's keys no row sees) kept, but for a NaN whose
+    payload only the dropped bits hold."""
+    from cupyattn.reference import round_to
+
+    n = 64
+    bits = np.random.default_rng(6).integers(0, 2**32, n, dtype=np.uint32)
+    special = [0x3F801000, 0xBF803000, 0x3FFFF000, 0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC01234]
+    bits[(bits & 0x7F800000) == 0x7F800000] &= np.uint32(0xBFFFFFFF)  # (random ones finite)
+    bits[: len(special)] = special  # ties, a carry, the largest float, infinities, NaNs
+    x = bits.view(np.float32)
+    out = np.zeros(n, np.uint32)
+    _kernel(TF32_PROBE, "tf32_probe").run(n, [x, out])
+    assert list(out[:8]) == [0x3F802000, 0xBF804000, 0x40000000, 0x7F800000, 0x7F800000, 0xFF800000] + [
+        0x7FC00000,
+        0xFFC00000,
+    ]
+    finite = np.isfinite(x)
+    np.testing.assert_array_equal(out[finite], round_to(x, "tf32")[finite].view(np.uint32))
+    with pytest.raises(NotImplementedError, match="cvt.rna.tf32.f32 of a NaN"):
+        _kernel(TF32_PROBE, "tf32_probe").run(32, [np.uint32([0x7F800001] * 32).view(np.float32), out])
