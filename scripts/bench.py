@@ -11,11 +11,12 @@ TFLOP/s with FlashAttention's count: forward 4*B*Hq*Sq*Sk*D (halved when causal)
 calls); inputs are fresh random data, rotated over enough copies to exceed the L2. Shapes:
 "mha" B=4, 16 heads; "gqa" B=1, 64 query heads over 8 KV heads. The backward is timed alone
 (saved out and lse); cupyattn's with deterministic=True and, where its plan differs,
-deterministic=False.
+deterministic=False. --families limits cupyattn to some kernel families through the
+planner's policy (e.g. "mma,simt": the mma.sync kernels that sm_80-sm_89 run, on this GPU).
 
     PYTHONPATH=. python scripts/bench.py [--quick] [--pass fwd,bwd] [--shapes mha,gqa]
         [--dtypes float16,bfloat16] [--dims 64,128,256] [--seqlens 4096,8192,16384]
-        [--gqa-seqlens 8192] [--json FILE]
+        [--gqa-seqlens 8192] [--families mma,simt] [--json FILE]
 """
 
 import argparse
@@ -30,6 +31,7 @@ import cupyattn
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with CuPy and torch
 
+from cupyattn.plan import Policy
 from cupyattn.testing import device_values, median_ms, peak_allocation_hook
 
 L2_BYTES = 64 << 20
@@ -188,7 +190,7 @@ def bench_fa3(B, H, S, D, dtype, causal, backward, heads_kv=None):
     return sorted(times)[1]
 
 
-def _plans_differ(B, H, hkv, S, D, dtype, causal):
+def _plans_differ(B, H, hkv, S, D, dtype, causal, policy):
     """Whether deterministic=False plans other backward kernels than the default."""
     from cupyattn.device import current_device
     from cupyattn.plan import AttentionProblem, plan_backward
@@ -196,19 +198,20 @@ def _plans_differ(B, H, hkv, S, D, dtype, causal):
     names = []
     for det in (True, False):
         p = AttentionProblem(dtype, D, D, causal, B, H, hkv, S, S, deterministic=det)
-        names.append([pl.config.name_expression for pl in plan_backward(p, current_device()).plans])
+        plans = plan_backward(p, current_device(), policy=policy).plans
+        names.append([pl.config.name_expression for pl in plans])
     return names[0] != names[1]
 
 
-def measure(pass_, dtype, shape, D, S, causal, baselines):
+def measure(pass_, dtype, shape, D, S, causal, baselines, policy=None):
     B, H, hkv = SHAPES[shape]
     backward = pass_ == "bwd"
     f = flops(B, H, S, D, causal, backward)
     row = {"pass": pass_, "dtype": dtype, "shape": shape, "B": B, "H": H, "Hkv": hkv, "D": D, "S": S, "causal": causal}
-    ms, peak = bench_cupyattn(B, H, S, D, dtype, causal, backward, heads_kv=hkv)
+    ms, peak = bench_cupyattn(B, H, S, D, dtype, causal, backward, heads_kv=hkv, policy=policy)
     row.update(cupyattn=f / ms / 1e9, ms=ms, peak_mib=peak / 2**20)
-    if backward and _plans_differ(B, H, hkv, S, D, dtype, causal):
-        ms, _ = bench_cupyattn(B, H, S, D, dtype, causal, True, deterministic=False, heads_kv=hkv)
+    if backward and _plans_differ(B, H, hkv, S, D, dtype, causal, policy):
+        ms, _ = bench_cupyattn(B, H, S, D, dtype, causal, True, deterministic=False, heads_kv=hkv, policy=policy)
         row["cupyattn_nondeterministic"] = f / ms / 1e9
     for name, backend in TORCH_BACKENDS:
         if name not in baselines:
@@ -266,8 +269,10 @@ def main():
     parser.add_argument("--seqlens", default="4096,8192,16384", help="for mha")
     parser.add_argument("--gqa-seqlens", default="8192")
     parser.add_argument("--baselines", default=",".join(BASELINES), help="flash, cudnn, fa3 (any of)")
+    parser.add_argument("--families", default=None, help="cupyattn's kernel families (plan.FAMILIES), e.g. mma,simt")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    policy = Policy(families=args.families.split(",")) if args.families else None
     ints = lambda s: tuple(int(x) for x in s.split(","))
     if args.quick:
         args.shapes, args.dtypes, args.dims, args.seqlens = "mha", "float16", "64,128", "4096"
@@ -282,7 +287,7 @@ def main():
                 for D in ints(args.dims):
                     for S in ints(args.seqlens if shape == "mha" else args.gqa_seqlens):
                         for causal in (False, True):
-                            rows.append(measure(pass_, dtype, shape, D, S, causal, baselines))
+                            rows.append(measure(pass_, dtype, shape, D, S, causal, baselines, policy))
                             print(json.dumps(rows[-1]), flush=True)
     print(f"\nGPU: {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}, TFLOP/s")
     for pass_ in args.passes.split(","):
