@@ -80,8 +80,6 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     q += qb.b * q_sb + qb.h * q_sh + m0 * q_ss;
     k += qb.b * k_sb + qb.h_kv * k_sh;
     v += qb.b * v_sb + qb.h_kv * v_sh;
-    out += qb.b * o_sb + qb.h * o_sh + m0 * o_ss;
-    lse += (qb.b * n_heads_q + qb.h) * (long long)seqlen_q + m0;
 
     const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
@@ -186,7 +184,11 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     }
     cp_async_wait<0>();
 
-    // O /= l; rows that saw no key get O = 0 and lse = -inf.
+    // O /= l; rows that saw no key get O = 0 and lse = -inf. out and lse are offset only here:
+    // offset before the loop, the two pointers stayed live across it and spilled (two m-tiles
+    // at head dim 128).
+    out += qb.b * o_sb + qb.h * o_sh + m0 * o_ss;
+    lse += (qb.b * n_heads_q + qb.h) * (long long)seqlen_q + m0;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
