@@ -223,20 +223,39 @@ struct DqAccumulator {
 // 64 x 64 chunk of a dQ tile: each warp's stores of a float4 are 512 contiguous bytes.
 __host__ __device__ constexpr int dq_tile_index(int j, int tid, int e) { return j * 512 + tid * 4 + e; }
 
-// dS^T's (or P^T's) packed A operands (bf16 / f16 pairs; rows row and row + 8 of the warp, 16
-// queries a k-step, from query 8 * unit0) into a swizzled [keys][64 queries] tile: dQ = dS K
-// reads it MN-major, dK += dS^T Q and dV += P^T dO K-major.
+// dS^T's (or P^T's) packed A operands (bf16 / f16 pairs; rows warp_row and warp_row + 8 of the
+// warp's 16, 16 queries a k-step, from query 8 * unit0) into a swizzled [keys][64 queries] tile:
+// dQ = dS K reads it MN-major, dK += dS^T Q and dV += P^T dO K-major. A k-step's four words are
+// stmatrix's four 8 x 8 matrices (a_from_acc's word order): lane l gives the address of row l % 8
+// of matrix l / 8, 16 bytes.
 template <int KK>
-__device__ __forceinline__ void store_ds_tile(unsigned char* tile, int row, const unsigned (&a)[KK][4], int t,
+__device__ __forceinline__ void store_ds_tile(unsigned char* tile, int warp_row, const unsigned (&a)[KK][4], int lane,
                                               int unit0 = 0) {
+    const int m = lane / 8, r = warp_row + (m % 2) * 8 + lane % 8;
+    const unsigned row_addr = wg_smem_addr(tile) + r * 128;
 #pragma unroll
-    for (int kk = 0; kk < KK; ++kk)
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const int r = row + (w % 2) * 8, unit = unit0 + 2 * kk + w / 2;  // (a_from_acc's word order)
-            *reinterpret_cast<unsigned*>(tile + r * 128 + ((unit ^ (r % 8)) * 16) + t * 4) = a[kk][w];
-        }
+    for (int kk = 0; kk < KK; ++kk) {
+        const int unit = unit0 + 2 * kk + m / 2;
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         row_addr + ((unit ^ (r % 8)) * 16)),
+                     "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
+                     : "memory");
+    }
 }
+
+// A key block's work items in order (bwd_dkdv_wgmma_half): query tiles from the last down, the
+// GQA group's query heads inner; `next` steps without a division (one an item cost each consumer
+// warp about 20 instructions and a MUFU round trip on its way to the item's first products).
+struct GroupItems {
+    int first_hq, end_hq, m0;
+    int hq = first_hq;
+    __device__ __forceinline__ void next(int block_m) {
+        if (++hq == end_hq) {
+            hq = first_hq;
+            m0 -= block_m;
+        }
+    }
+};
 
 // The dK/dV pass, and with FUSED dQ added into a float32 accumulator (the kernels below),
 // ORDERED in the order of the key blocks.
@@ -295,8 +314,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
     // together read the same Q and dO tiles about together, and ORDERED, one key block's turn at a
     // tile comes right after the block before it has been there (heads outer, causal, each block
     // would wait for the extra tiles of every head before it).
-    auto item_m0 = [&](int item) { return m_begin + (m_tiles - 1 - item / kb.group) * BLOCK_M; };
-    auto item_hq = [&](int item) { return h_kv * kb.group + item % kb.group; };
+    const GroupItems first_item{h_kv * kb.group, h_kv * kb.group + kb.group, m_begin + (m_tiles - 1) * BLOCK_M};
 
     // Fused: dq_full[2] (a dQ tile written: each consumer warp writing one arrives), dq_empty[2]
     // (added to global memory: the dQ warp's arrival).
@@ -327,9 +345,10 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                 tma_load_4d(smem + L::v_tile + c * BLOCK_N * 128, &maps.v, c * 64, n0, h_kv, b, kv_full);
             }
             const int rows = padded_query_rows(seqlen_q, BLOCK_M);
-            for (int item = 0; item < n_items; ++item) {
+            GroupItems it = first_item;
+            for (int item = 0; item < n_items; ++item, it.next(BLOCK_M)) {
                 const int stage = item % STAGES, round = item / STAGES;
-                const int hq = item_hq(item), m0 = item_m0(item);
+                const int hq = it.hq, m0 = it.m0;
                 if (round > 0) mbarrier_wait(&empty[stage], (round - 1) & 1);
                 mbarrier_expect_tx(&full[stage], 2 * L::QD_BYTES + 2 * BLOCK_M * 4);
                 unsigned char* qs = smem + L::q_tiles + stage * L::QD_BYTES;
@@ -346,10 +365,10 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             if constexpr (FUSED) {
                 // The dQ warp: each item's dQ tile added to the accumulator by the TMA, ORDERED
                 // after the key blocks before this one have added theirs.
-                for (int item = 0; item < n_items; ++item) {
+                GroupItems it = first_item;
+                for (int item = 0; item < n_items; ++item, it.next(BLOCK_M)) {
                     const int buf = item % 2;
-                    const long long tile =
-                        (kb.b * n_heads_q + item_hq(item)) * dq_accum.m_tiles + item_m0(item) / BLOCK_M;
+                    const long long tile = (kb.b * n_heads_q + it.hq) * dq_accum.m_tiles + it.m0 / BLOCK_M;
                     mbarrier_wait(&dq_full[buf], (item / 2) & 1);
                     if constexpr (ORDERED)
                         while (load_acquire(dq_accum.turns + tile) != n0 / BLOCK_N) {
@@ -420,9 +439,10 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             named_barrier_sync(5, CONSUMERS);
         }
     }
-    for (int item = 0; item < n_items; ++item) {
+    GroupItems it = first_item;
+    for (int item = 0; item < n_items; ++item, it.next(BLOCK_M)) {
         const int stage = item % STAGES;
-        const int m0 = item_m0(item);
+        const int m0 = it.m0;
         const unsigned q_addr = wg_smem_addr(smem + L::q_tiles + stage * L::QD_BYTES);
         const unsigned do_addr = wg_smem_addr(smem + L::do_tiles + stage * L::QD_BYTES);
         const int q0 = SPLIT_SCORES ? d_part * S_QUERIES : 0;  // the first query of this warpgroup's S^T
@@ -436,9 +456,9 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
         if (!skip) {
             float s[M_BLOCKS][4], dp[M_BLOCKS][4];
             wgmma_fence();
-            wgmma_kmajor<WgS, K_STEPS>(s, k_addr, BLOCK_N, q_addr + q0 * 128, BLOCK_M);
+            wgmma_kmajor<WgS, K_STEPS, true>(s, k_addr, BLOCK_N, q_addr + q0 * 128, BLOCK_M);
             wgmma_commit();
-            wgmma_kmajor<WgS, K_STEPS>(dp, v_addr, BLOCK_N, do_addr + q0 * 128, BLOCK_M);
+            wgmma_kmajor<WgS, K_STEPS, true>(dp, v_addr, BLOCK_N, do_addr + q0 * 128, BLOCK_M);
             wgmma_commit();
 
             const int mq0 = m0 + q0;
@@ -481,7 +501,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             unsigned char* p_tile = nullptr;
             unsigned char* ds_half = nullptr;
             auto share_half = [&](unsigned char* tile, const unsigned(&a)[M_BLOCKS / 2][4]) {
-                store_ds_tile(tile, (warp % 4) * 16 + g, a, t, q0 / 8);
+                store_ds_tile(tile, (warp % 4) * 16, a, lane, q0 / 8);
                 fence_proxy_async();
                 named_barrier_sync(DS_READY, CONSUMERS);
             };
@@ -491,9 +511,10 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                 share_half(p_tile, pa);
             }
             wgmma_fence();
+            const unsigned long long do_desc = desc_sw128(do_part, BLOCK_M * 128);
 #pragma unroll
             for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-                const auto b = desc_sw128(do_part, BLOCK_M * 128, kk * 2048);
+                const auto b = desc_plus(do_desc, kk * 2048);
                 if constexpr (SPLIT_SCORES)
                     WgD::template ss<true, false, true>(dv_acc, kmajor_step(wg_smem_addr(p_tile), BLOCK_N, kk), b);
                 else
@@ -504,12 +525,22 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             // dS^T while dV runs.
             wgmma_wait<1>();
             fence_operand(dp);
+            // A select where a mask was needed: dP^T of keys no row sees may be NaN.
+            if (needs_mask) {
 #pragma unroll
-            for (int j = 0; j < M_BLOCKS; ++j) {
-                const float2 d2 = *reinterpret_cast<const float2*>(delta_s + j * 8 + 2 * t);
+                for (int j = 0; j < M_BLOCKS; ++j) {
+                    const float2 d2 = *reinterpret_cast<const float2*>(delta_s + j * 8 + 2 * t);
 #pragma unroll
-                for (int e = 0; e < 4; ++e)  // (a select: dP^T of keys no row sees may be NaN)
-                    dp[j][e] = s[j][e] != 0.0f ? s[j][e] * (dp[j][e] - (e % 2 ? d2.y : d2.x)) : 0.0f;
+                    for (int e = 0; e < 4; ++e)
+                        dp[j][e] = s[j][e] != 0.0f ? s[j][e] * (dp[j][e] - (e % 2 ? d2.y : d2.x)) : 0.0f;
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < M_BLOCKS; ++j) {
+                    const float2 d2 = *reinterpret_cast<const float2*>(delta_s + j * 8 + 2 * t);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) dp[j][e] = s[j][e] * (dp[j][e] - (e % 2 ? d2.y : d2.x));
+                }
             }
             pack_a_operands<T>(dsa, dp);
             const unsigned q_part = q_addr + d_part * PART_CHUNKS * BLOCK_M * 128;
@@ -519,9 +550,10 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
             // 64-query chunk: a k-step is 32 bytes into each 128-byte row).
             auto issue_dk = [&] {
                 wgmma_fence();
+                const unsigned long long q_desc = desc_sw128(q_part, BLOCK_M * 128);
 #pragma unroll
                 for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-                    const auto b = desc_sw128(q_part, BLOCK_M * 128, kk * 2048);
+                    const auto b = desc_plus(q_desc, kk * 2048);
                     if constexpr (DK_FROM_TILE)
                         WgD::template ss<true, false, true>(
                             dk_acc, kmajor_step(wg_smem_addr(ds_tile) + key_wg * 64 * 128, BLOCK_N, kk), b);
@@ -537,7 +569,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                 // 64-column chunk of dQ = dS K a warpgroup (D_CHUNKS 1: every other item),
                 // added to dq_accum while dK's products run. (Each branch issues and waits
                 // whole: ptxas serializes wgmmas across one.)
-                store_ds_tile(ds_tile, key_wg * 64 + (warp % 4) * 16 + g, dsa, t);
+                store_ds_tile(ds_tile, key_wg * 64 + (warp % 4) * 16, dsa, lane);
                 fence_proxy_async();
                 const int dq_chunk = (wg + item) % 2;
                 if (dq_chunk < D_CHUNKS) {
@@ -546,10 +578,11 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_half(const float* __restrict__ ls
                     const unsigned kc_addr = wg_smem_addr(smem + L::k_tile) + dq_chunk * BLOCK_N * 128;
                     float dq_acc[8][4];
                     wgmma_fence();
+                    const unsigned long long ds_desc = desc_sw128(ds_addr, BLOCK_N * 128);
+                    const unsigned long long kc_desc = desc_sw128(kc_addr, BLOCK_N * 128);
 #pragma unroll
                     for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-                        const auto a = desc_sw128(ds_addr, BLOCK_N * 128, kk * 2048);
-                        const auto b = desc_sw128(kc_addr, BLOCK_N * 128, kk * 2048);
+                        const auto a = desc_plus(ds_desc, kk * 2048), b = desc_plus(kc_desc, kk * 2048);
                         if (kk == 0)
                             WgQ::template ss<false, true>(dq_acc, a, b);
                         else

@@ -29,6 +29,7 @@
 
 #include "mma.cuh"
 #include "simt_tiles.cuh"
+#include "softmax.cuh"
 
 namespace cupyattn {
 
@@ -79,17 +80,18 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     q += qb.b * q_sb + qb.h * q_sh + m0 * q_ss;
     k += qb.b * k_sb + qb.h_kv * k_sh;
     v += qb.b * v_sb + qb.h_kv * v_sh;
-    out += qb.b * o_sb + qb.h * o_sh + m0 * o_ss;
-    lse += (qb.b * n_heads_q + qb.h) * (long long)seqlen_q + m0;
 
     const int n_end = key_end<CAUSAL, BLOCK_M>(m0, seqlen_q, seqlen_k, causal_offset);
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
 
+    // K/V copies stepped (cp_async_tile) where the block's threads cover whole rows.
+    constexpr int KV_CHUNKS = D_PAD * (int)sizeof(T) / 16;
+    constexpr bool STEPPED = THREADS % KV_CHUNKS == 0 && BLOCK_N % (THREADS / KV_CHUNKS) == 0;
     auto load_kv = [&](int tile) {
         const int n0 = tile * BLOCK_N, stage = tile % 2;
-        stage_tile<T, S, BLOCK_N, D_PAD, STRIDE, THREADS>(k_tile + stage * BLOCK_N * STRIDE, k + n0 * k_ss,
+        stage_tile<T, S, BLOCK_N, D_PAD, STRIDE, THREADS, STEPPED>(k_tile + stage * BLOCK_N * STRIDE, k + n0 * k_ss,
                                                           k_ss, n_end - n0, head_dim);
-        stage_tile<T, S, BLOCK_N, D_PAD, STRIDE, THREADS>(v_tile + stage * BLOCK_N * STRIDE, v + n0 * v_ss,
+        stage_tile<T, S, BLOCK_N, D_PAD, STRIDE, THREADS, STEPPED>(v_tile + stage * BLOCK_N * STRIDE, v + n0 * v_ss,
                                                           v_ss, n_end - n0, head_dim_v);
     };
     stage_tile<T, S, BLOCK_M, D_PAD, STRIDE, THREADS>(q_tile, q, q_ss, seqlen_q - m0, head_dim);
@@ -111,6 +113,11 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
             m_run[mt][half] = CUPYATTN_NEG_INF;
             l_run[mt][half] = 0.0f;
         }
+    if (scale_log2 < 0.0f) {  // online_softmax takes |scale|: scores of -Q for a negative one
+        cp_async_wait<0>();
+        __syncthreads();
+        negate_tile<S, BLOCK_M, D_PAD, STRIDE, THREADS>(q_tile);
+    }  // (the loop's first barrier orders these stores before the fragments' loads)
     const int warp_row0 = m0 + warp * 16 * MT;  // the warp's first query row
     // Shared-memory addresses of the rows this lane reads fragments from (see
     // mma.cuh for the mapping); the loops below add compile-time byte offsets.
@@ -160,43 +167,15 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
             const bool needs_mask = n0 + BLOCK_N > seqlen_k ||
                                     (CAUSAL && n0 + BLOCK_N - 1 > warp_row0 + causal_offset);
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
+            for (int mt = 0; mt < MT; ++mt) {
+                float alpha[2];
+                if (online_softmax<N_BLOCKS, CAUSAL>(s[mt], warp_row0 + mt * 16 + g, n0, t, needs_mask, seqlen_k,
+                                                     causal_offset, fabsf(scale_log2), m_run[mt], l_run[mt], alpha))
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int row = warp_row0 + mt * 16 + g + half * 8;
-                    float row_max = CUPYATTN_NEG_INF;
+                    for (int j = 0; j < D_BLOCKS; ++j)
 #pragma unroll
-                    for (int j = 0; j < N_BLOCKS; ++j)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            float& x = s[mt][j][half * 2 + e];
-                            const int col = n0 + j * 8 + 2 * t + e;
-                            const bool visible = !needs_mask ||
-                                                 (col < seqlen_k && (!CAUSAL || col <= row + causal_offset));
-                            x = visible ? x * scale_log2 : CUPYATTN_NEG_INF;
-                            row_max = fmaxf(row_max, x);
-                        }
-                    row_max = group_max<4>(row_max);  // the 4 lanes of a quad share a row
-                    const float m_new = fmaxf(m_run[mt][half], row_max);
-                    const float base = m_new == CUPYATTN_NEG_INF ? 0.0f : m_new;
-                    const float alpha = exp2f(m_run[mt][half] - base);
-                    float row_sum = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < N_BLOCKS; ++j)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            float& x = s[mt][j][half * 2 + e];
-                            x = exp2f(x - base);
-                            row_sum += x;
-                        }
-                    l_run[mt][half] = l_run[mt][half] * alpha + group_sum<4>(row_sum);
-                    m_run[mt][half] = m_new;
-#pragma unroll
-                    for (int j = 0; j < D_BLOCKS; ++j) {
-                        o_acc[mt][j][half * 2] *= alpha;
-                        o_acc[mt][j][half * 2 + 1] *= alpha;
-                    }
-                }
+                        for (int e = 0; e < 4; ++e) o_acc[mt][j][e] *= alpha[e / 2];
+            }
 
             // O += P V (acc_times_kmajor, mma.cuh): each V fragment feeds all MT m-tiles.
             acc_times_kmajor<Op, MT, N_BLOCKS, D_BLOCKS, ROW>(o_acc, s, v_addr);
@@ -205,7 +184,11 @@ attn_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     }
     cp_async_wait<0>();
 
-    // O /= l; rows that saw no key get O = 0 and lse = -inf.
+    // O /= l; rows that saw no key get O = 0 and lse = -inf. out and lse are offset only here:
+    // offset before the loop, the two pointers stayed live across it and spilled (two m-tiles
+    // at head dim 128).
+    out += qb.b * o_sb + qb.h * o_sh + m0 * o_ss;
+    lse += (qb.b * n_heads_q + qb.h) * (long long)seqlen_q + m0;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -341,18 +341,48 @@ __device__ __forceinline__ void cp_async_wait() {
 // (row stride src_stride elements, 16-byte aligned rows) into shared memory
 // (row stride DST_STRIDE) with 16-byte cp.async; rows >= valid_rows and
 // 16-byte chunks at or past valid_cols (a multiple of 8) are zero-filled.
-template <typename T, int ROWS, int COLS, int DST_STRIDE, int THREADS>
+// STEPPED: unrolled, each thread one column chunk of every (THREADS / CHUNKS)-th row
+// through one pointer stepped by a constant, a compare and a copy a chunk (the
+// forward's K/V loads). Otherwise a loop, not unrolled: unrolled that way, ptxas
+// keeps every row's 64-bit source address live across the caller's whole loop,
+// registers the backward's 32-row tiles need.
+template <typename T, int ROWS, int COLS, int DST_STRIDE, int THREADS, bool STEPPED = false>
 __device__ __forceinline__ void cp_async_tile(T* dst, const T* src, long long src_stride, int valid_rows,
                                               int valid_cols) {
     constexpr int CHUNK = 16 / (int)sizeof(T);  // elements per 16 bytes
     constexpr int CHUNKS = COLS / CHUNK;
-    // Not unrolled: unrolled, ptxas keeps every row's 64-bit source address live
-    // across the caller's whole K/V loop, registers the 32-row tiles need.
+    if constexpr (STEPPED) {
+        static_assert(THREADS % CHUNKS == 0 && ROWS % (THREADS / CHUNKS) == 0, "whole rows a step");
+        constexpr int ROW_STEP = THREADS / CHUNKS;
+        const int r0 = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS * CHUNK;
+        const bool col_ok = c < valid_cols;
+        const T* p = src + r0 * src_stride + c;
+        T* d = dst + r0 * DST_STRIDE + c;
+#pragma unroll
+        for (int i = 0; i < ROWS / ROW_STEP; ++i) {
+            const bool ok = col_ok && r0 + i * ROW_STEP < valid_rows;
+            cp_async_16(d + i * ROW_STEP * DST_STRIDE, ok ? p : src, ok ? 16 : 0);
+            p += ROW_STEP * src_stride;
+        }
+    } else {
 #pragma unroll 1
+        for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
+            const int r = i / CHUNKS, c = (i % CHUNKS) * CHUNK;
+            const bool ok = r < valid_rows && c < valid_cols;
+            cp_async_16(dst + r * DST_STRIDE + c, ok ? src + r * src_stride + c : src, ok ? 16 : 0);
+        }
+    }
+}
+
+// Flip the sign of every element of a [ROWS][COLS] tile (row stride STRIDE elements).
+template <typename S, int ROWS, int COLS, int STRIDE, int THREADS>
+__device__ __forceinline__ void negate_tile(S* tile) {
+    constexpr unsigned SIGNS = sizeof(S) == 2 ? 0x80008000u : 0x80000000u;
+    constexpr int CHUNKS = COLS * (int)sizeof(S) / 16;
     for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
-        const int r = i / CHUNKS, c = (i % CHUNKS) * CHUNK;
-        const bool ok = r < valid_rows && c < valid_cols;
-        cp_async_16(dst + r * DST_STRIDE + c, ok ? src + r * src_stride + c : src, ok ? 16 : 0);
+        uint4* p = reinterpret_cast<uint4*>(tile + (i / CHUNKS) * STRIDE) + i % CHUNKS;
+        const uint4 w = *p;
+        *p = make_uint4(w.x ^ SIGNS, w.y ^ SIGNS, w.z ^ SIGNS, w.w ^ SIGNS);
     }
 }
 
@@ -360,10 +390,10 @@ __device__ __forceinline__ void cp_async_tile(T* dst, const T* src, long long sr
 // holds T: the same type is copied asynchronously; float32 becomes a half type
 // through registers (8 elements per step: two 16-byte loads, one 16-byte store),
 // which halves the tile's shared memory but waits for the loads.
-template <typename T, typename S, int ROWS, int COLS, int DST_STRIDE, int THREADS>
+template <typename T, typename S, int ROWS, int COLS, int DST_STRIDE, int THREADS, bool STEPPED = false>
 __device__ __forceinline__ void stage_tile(S* dst, const T* src, long long src_stride, int valid_rows, int valid_cols) {
     if constexpr (same_type<T, S>) {
-        cp_async_tile<T, ROWS, COLS, DST_STRIDE, THREADS>(dst, src, src_stride, valid_rows, valid_cols);
+        cp_async_tile<T, ROWS, COLS, DST_STRIDE, THREADS, STEPPED>(dst, src, src_stride, valid_rows, valid_cols);
     } else {
         static_assert(same_type<T, float> && sizeof(S) == 2, "float32 staged as a half type");
         constexpr int CHUNKS = COLS / 8;

@@ -47,6 +47,13 @@ __device__ __forceinline__ unsigned long long desc_sw128(unsigned base, unsigned
     return (unsigned long long)lo | (0x40000040ull << 32);
 }
 
+// desc_sw128(base, leading, offset) from desc_sw128(base, leading): a 64-bit add, after which
+// ptxas keeps the constant high word in place instead of writing it again for each wgmma, at
+// the cost of the base descriptors' registers (the backward has them; the forward spills).
+__device__ __forceinline__ unsigned long long desc_plus(unsigned long long desc, unsigned offset) {
+    return desc + (offset >> 4);
+}
+
 // One box of `map` at coordinates {c, r, h, b} (column, row, head, batch) into shared dst,
 // counted on bar; parts outside the array are zeros.
 __device__ __forceinline__ void tma_load_4d(void* dst, const TmaMap* map, int c, int r, int h, int b,
@@ -62,19 +69,24 @@ __device__ __forceinline__ void prefetch_tma_map(const TmaMap* map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
 
-// The descriptor of k-step ks (16 columns) of a K-major swizzled operand of `rows` rows.
+// The descriptor of k-step ks (16 columns) of a K-major swizzled operand of `rows` rows, and
+// its byte offset from the operand's start.
+__device__ __forceinline__ int kmajor_offset(int rows, int ks) { return (ks / 4) * rows * 128 + (ks % 4) * 32; }
 __device__ __forceinline__ unsigned long long kmajor_step(unsigned base, int rows, int ks) {
-    return desc_sw128(base, 16, (ks / 4) * rows * 128 + (ks % 4) * 32);
+    return desc_sw128(base, 16, kmajor_offset(rows, ks));
 }
 
 // acc = A B^T over K_STEPS k-steps (issued, not committed): 64 rows of A at shared address a
 // in an a_rows-row tile, B the b_rows-row tile at b, both K-major swizzled.
-template <class Wg, int K_STEPS, int N_BLOCKS>
+// DESC_PLUS: each k-step's descriptors by desc_plus from the tiles' first.
+template <class Wg, int K_STEPS, bool DESC_PLUS = false, int N_BLOCKS>
 __device__ __forceinline__ void wgmma_kmajor(float (&acc)[N_BLOCKS][4], unsigned a, int a_rows, unsigned b,
                                              int b_rows) {
+    const unsigned long long a0 = desc_sw128(a, 16), b0 = desc_sw128(b, 16);
 #pragma unroll
     for (int ks = 0; ks < K_STEPS; ++ks) {
-        const auto ad = kmajor_step(a, a_rows, ks), bd = kmajor_step(b, b_rows, ks);
+        const auto ad = DESC_PLUS ? desc_plus(a0, kmajor_offset(a_rows, ks)) : kmajor_step(a, a_rows, ks);
+        const auto bd = DESC_PLUS ? desc_plus(b0, kmajor_offset(b_rows, ks)) : kmajor_step(b, b_rows, ks);
         if (ks == 0)
             Wg::template ss<false>(acc, ad, bd);
         else

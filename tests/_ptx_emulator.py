@@ -22,7 +22,7 @@ naming the fence).
 
 Emulated: integer and predicate arithmetic, branches, loads and stores (8 to 64 bits,
 vectors; a struct parameter's bytes through its generic address too), packing moves
-(mov.b32 {lo, hi}), cp.async (its source read at issue, its bytes a store from its issue
+(mov.b32 {lo, hi}), stmatrix .x4, cp.async (its source read at issue, its bytes a store from its issue
 to the wait_group or wait_all that completes its group: checked against earlier accesses
 at issue, stored at the wait; a shared word touched while a copy to it is in flight is a
 race, as is a thread that ends with one), cp.async.bulk (done at once,
@@ -684,6 +684,8 @@ class _Grid:
             return self._decode_async_copy(op, ops, nxt)
         if name == "shfl":
             return self._decode_shuffle(op, ops)
+        if name == "stmatrix":
+            return self._decode_stmatrix(op, ops)
         if name == "ldmatrix":
             return self._decode_ldmatrix(pc, op, ops)
         if name == "mma":
@@ -1355,6 +1357,25 @@ class _Grid:
 
         return offer
 
+    def _decode_stmatrix(self, op: str, ops: list):
+        """stmatrix.sync.aligned.m8n8.x4(.shared).b16 [a], {r0, r1, r2, r3}: a meeting of the
+        warp's lanes (as a shuffle); row i of matrix j (8 x 8 b16) goes to the address of lane
+        8j + i, its 16 bytes the words rj of lanes 4i..4i+3."""
+        if not re.fullmatch(r"stmatrix\.sync\.aligned\.m8n8\.x4(\.shared(::cta)?)?\.b16", op) or len(ops) != 2:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+        address = self._address(ops[0])
+        words = [self._operand(r.strip()) for r in ops[1].strip("{}").split(",")]
+        if len(words) != 4:
+            raise NotImplementedError(f"{op} {', '.join(ops)}")
+
+        space = "shared" if ".shared" in op else ""
+
+        def offer(regs):
+            regs["shuffle"] = ("stmatrix", (address(regs), [w(regs) for w in words], space), 0, "", "")
+            return _SHUFFLE
+
+        return offer
+
     def _decode_ldmatrix(self, pc: int, op: str, ops: list):
         """ldmatrix.sync.aligned.m8n8.xN(.trans)(.shared).b16 {r0, ..}, [a]: a meeting of the
         warp's lanes (as a shuffle). Lane l gives the address of row l % 8 of matrix l / 8
@@ -1428,6 +1449,13 @@ class _Grid:
     # execution -----------------------------------------------------------------
     def _exchange(self, lanes: list):
         offers = [regs.pop("shuffle") for regs in lanes]
+        if offers[0][0] == "stmatrix":
+            for j in range(4):
+                for i in range(8):
+                    (at, _, space), lane = offers[8 * j + i][1], lanes[8 * j + i]
+                    row = sum((offers[4 * i + q][1][1][j] & 0xFFFFFFFF) << (32 * q) for q in range(4))
+                    self.store(lane["%tid.x"], space, at, 16, row)
+            return
         if offers[0][0] == "ldmatrix":
             return self._ldmatrix(lanes, offers)
         if offers[0][0] == "mma":

@@ -91,7 +91,7 @@ def _staged(cfg, *operands):
     return () if staging is None else (_stage(staging, *operands),)
 
 
-def _emulated_forward(cfg, q, k, v, offset, wavefronts=None):
+def _emulated_forward(cfg, q, k, v, offset, wavefronts=None, scale=None):
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     staged = _staged(cfg, k, v)
@@ -117,7 +117,7 @@ def _emulated_forward(cfg, q, k, v, offset, wavefronts=None):
             np.int32(D),
             np.int32(D),
             np.int32(tiles),
-            np.float32(LOG2E / np.sqrt(D)),
+            np.float32(LOG2E * (1 / np.sqrt(D) if scale is None else scale)),
             np.int32(offset),
             *staged,
         ],
@@ -601,6 +601,29 @@ def test_mma_forward_runs_whole_on_the_emulator(dtype, precision, D, fwd_tile, d
     operands, out_precision = operand_precision(dtype, precision)
     ref_p, _ = attention_reference(hq, hk, hv, causal, precision=operands, out_precision=out_precision)
     bound = logit_bound(hq, hk)
+    cmp = testing.compare(out.astype(np.float32), ref, ref_p, operands, Sk, logit_bound=bound)
+    assert cmp.ok, str(cmp)
+    lse_tol = 2e-5 + (4 * unit_roundoff(operands) * bound if operands != dtype else 0.0)
+    np.testing.assert_allclose(lse, ref_lse, rtol=lse_tol, atol=lse_tol)
+
+
+@pytest.mark.parametrize("scale", [-0.7, 0.0])
+@pytest.mark.parametrize("dtype,precision,tile", [("float16", "fp16", (128, 64, 4)), ("float32", "tf32", (64, 32, 4))])
+def test_mma_forward_at_a_negative_and_a_zero_scale(dtype, precision, tile, scale):
+    """attn_fwd_mma takes row maxima of raw scores against |scale|: a negative scale flips
+    Q's sign in shared memory first; a zero one makes every visible probability equal."""
+    from cupyattn import testing
+    from cupyattn.plan import FwdMmaConfig, mma_head_dim_pad
+    from cupyattn.reference import attention_reference, logit_bound, operand_precision, unit_roundoff
+
+    D, Sq, Sk = 64, 70, 130
+    cfg = FwdMmaConfig(dtype, precision, mma_head_dim_pad(D), *tile, True)
+    (hq, hk, hv, _), (q, k, v, _) = _mma_inputs(dtype, 1, Sq, Sk, 2, 1, D, True, seed=5)
+    out, lse = _emulated_forward(cfg, q, k, v, Sk - Sq, scale=scale)
+    ref, ref_lse = attention_reference(hq, hk, hv, True, scale=scale)
+    operands, out_precision = operand_precision(dtype, precision)
+    ref_p, _ = attention_reference(hq, hk, hv, True, scale=scale, precision=operands, out_precision=out_precision)
+    bound = logit_bound(hq, hk, scale)
     cmp = testing.compare(out.astype(np.float32), ref, ref_p, operands, Sk, logit_bound=bound)
     assert cmp.ok, str(cmp)
     lse_tol = 2e-5 + (4 * unit_roundoff(operands) * bound if operands != dtype else 0.0)

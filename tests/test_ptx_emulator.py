@@ -99,6 +99,22 @@ extern "C" __global__ void shuffle_probe(const int* in, int* out) {
 }
 """
 
+STMATRIX_PROBE = r"""
+// stmatrix .x4: lane l's words l * 4 + j as four 8 x 8 b16 matrices, row i of matrix j at the
+// 16-byte slot (7 - i) + 8 (3 - j) of a shared tile (reversed: the lanes' addresses place the
+// rows), read back after the warp meets.
+extern "C" __global__ void stmatrix_probe(unsigned* out) {
+    __shared__ __align__(16) unsigned tile[128];
+    const int lane = threadIdx.x, i = lane % 8, j = lane / 8;
+    const unsigned at = (unsigned)__cvta_generic_to_shared(tile) + ((7 - i) + 8 * (3 - j)) * 16;
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(at), "r"(lane * 4),
+                 "r"(lane * 4 + 1), "r"(lane * 4 + 2), "r"(lane * 4 + 3)
+                 : "memory");
+    __syncwarp();
+    for (int k = lane; k < 128; k += 32) out[k] = tile[k];
+}
+"""
+
 TRAP_PROBE = r"""
 extern "C" __global__ void trap_probe(int* out, int bad) {
     if (bad && threadIdx.x == 3) __trap();
@@ -282,6 +298,15 @@ def test_warp_shuffles_exchange_the_lanes_values():
         axis=1,
     )
     np.testing.assert_array_equal(out.reshape(n, 4), want)
+
+
+def test_stmatrix_stores_each_matrix_row_from_four_lanes_at_its_lane_s_address():
+    out = np.zeros(128, dtype=np.uint32)
+    _kernel(STMATRIX_PROBE, "stmatrix_probe").run(32, [out])
+    i, j, q = np.meshgrid(np.arange(8), np.arange(4), np.arange(4), indexing="ij")  # row, matrix, lane of 4
+    want = np.zeros(128, dtype=np.uint32)
+    want[((7 - i) + 8 * (3 - j)) * 4 + q] = (4 * i + q) * 4 + j
+    np.testing.assert_array_equal(out, want)
 
 
 def test_what_it_does_not_emulate_is_refused_by_name():
