@@ -15,6 +15,16 @@ For float32 inputs in a reduced precision mode (``attention(..., precision=)``),
 Masking matches the kernels: with ``causal="bottom_right"`` (or True) query i
 sees key j iff j <= i + Sk - Sq; with ``"top_left"`` iff j <= i. A row that sees
 no key has out = 0 and lse = -inf.
+
+The attention variants, FlashAttention-2's conventions where it has them
+(``visible_keys``, ``modified_scores``): a sliding ``window=(left, right)`` (-1:
+unbounded) lets query i see keys j with i + o - left <= j <= i + o + right, o the
+diagonal's offset (Sk - Sq; 0 for ``causal="top_left"``), a causal window's right
+extent being 0; ``softcap`` turns the scaled scores x into softcap * tanh(x / softcap);
+``alibi_slopes`` ((Hq,) or (B, Hq)) adds -slope * |i + Sk - Sq - j|; ``score_mod(score,
+b, h, q_idx, kv_idx)`` then modifies the scores, ``mask_mod(b, h, q_idx, kv_idx)``
+hides keys (both NumPy functions of index arrays that broadcast to (B, Hq, Sq, Sk)).
+Packed variable-length batches: ``varlen_attention_reference``.
 """
 
 from __future__ import annotations
@@ -31,6 +41,76 @@ def causal_offset(causal, seqlen_q: int, seqlen_k: int) -> int | None:
     if causal == "top_left":
         return 0
     raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}")
+
+
+def window_extents(window, causal) -> tuple[int, int]:
+    """(left, right) of a sliding window (-1: unbounded; None: no window), a causal
+    window's right extent 0."""
+    causal_offset(causal, 0, 0)  # (validates causal)
+    window = (-1, -1) if window is None else window
+    if len(window) != 2 or any(not isinstance(e, (int, np.integer)) or e < -1 for e in window):
+        raise ValueError(f"window: expected (left, right), each an int >= -1 (-1: unbounded), got {window!r}")
+    left, right = window
+    if causal not in (False, None):
+        if right > 0:
+            raise ValueError(f"window: a causal window ends at the diagonal (right 0 or -1), got {window!r}")
+        right = 0
+    return int(left), int(right)
+
+
+def visible_keys(seqlen_q: int, seqlen_k: int, causal=False, window=None, rows=None) -> np.ndarray:
+    """(len(rows), seqlen_k) booleans: the keys each query row sees under the causal mask
+    and the sliding window (``rows``: query indices, default all)."""
+    left, right = window_extents(window, causal)
+    rows = np.arange(seqlen_q) if rows is None else np.asarray(rows)
+    diagonal = 0 if causal == "top_left" else seqlen_k - seqlen_q
+    distance = np.arange(seqlen_k)[None, :] - (rows[:, None] + diagonal)  # key j - query i's diagonal key
+    visible = np.ones((len(rows), seqlen_k), bool)
+    if right >= 0:
+        visible &= distance <= right
+    if left >= 0:
+        visible &= distance >= -left
+    return visible
+
+
+def modified_scores(
+    x,
+    seqlen_q: int,
+    rows=None,
+    causal=False,
+    window=None,
+    softcap=None,
+    alibi_slopes=None,
+    score_mod=None,
+    mask_mod=None,
+    score_mod_derivative=None,
+):
+    """(scores, derivative) of the scaled scores ``x`` = scale Q K^T, (B, Hq, len(rows), Sk):
+    the scores the softmax takes (softcap, ALiBi, score_mod in that order; -inf where the
+    causal mask, the window or mask_mod hides a key) and their derivative with respect to x
+    (0 where hidden; ``score_mod_derivative``, of the same arguments as score_mod, gives
+    score_mod's)."""
+    B, H, _, Sk = x.shape
+    rows = np.arange(seqlen_q) if rows is None else np.asarray(rows)
+    b, h = np.arange(B)[:, None, None, None], np.arange(H)[None, :, None, None]
+    q_idx, kv_idx = rows[None, None, :, None], np.arange(Sk)[None, None, None, :]
+    derivative = np.ones_like(x)
+    if softcap is not None:
+        t = np.tanh(x / softcap)
+        x, derivative = softcap * t, 1 - t * t
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes, np.float64)
+        slopes = slopes.reshape((1, H) if slopes.ndim == 1 else (B, H))[:, :, None, None]
+        x = x - (slopes * np.abs(q_idx + Sk - seqlen_q - kv_idx)).astype(x.dtype)
+    if score_mod is not None:
+        if score_mod_derivative is not None:
+            derivative = derivative * score_mod_derivative(x, b, h, q_idx, kv_idx)
+        x = np.asarray(score_mod(x, b, h, q_idx, kv_idx), x.dtype)
+    visible = visible_keys(seqlen_q, Sk, causal, window, rows)[None, None]
+    if mask_mod is not None:
+        visible = visible & np.asarray(mask_mod(b, h, q_idx, kv_idx), bool)
+    x = np.broadcast_to(x, np.broadcast_shapes(x.shape, visible.shape))
+    return np.where(visible, x, -np.inf), np.where(visible, derivative, 0.0).astype(x.dtype)
 
 
 def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -91,7 +171,7 @@ def _to_bshd(x, layout):
 
 
 def attention_reference(
-    q, k, v, causal=False, scale=None, layout="bshd", precision=None, rows=None, out_precision=None
+    q, k, v, causal=False, scale=None, layout="bshd", precision=None, rows=None, out_precision=None, **variants
 ):
     """(out, lse) of softmax(scale * Q K^T) V for host arrays.
 
@@ -100,6 +180,7 @@ def attention_reference(
     lse is (B, Hq, Sq), natural log. ``precision=None`` computes in float64.
     ``rows`` (query indices) evaluates only those rows, for long sequences.
     ``out_precision``: the output's rounding (default: ``precision``).
+    ``variants``: window, softcap, alibi_slopes, score_mod, mask_mod (``modified_scores``).
     """
     q, k, v = (_to_bshd(x, layout) for x in (q, k, v))
     if precision is None:
@@ -109,8 +190,7 @@ def attention_reference(
         work = np.float32
         q, k, v = (round_to(x, precision) for x in (q, k, v))
     B, Sq, Hq, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
-    group = Hq // Hkv
+    group = Hq // k.shape[2]
     if scale is None:
         scale = 1.0 / np.sqrt(D)
     # (B, H, S, D), key/value heads repeated for GQA.
@@ -120,10 +200,7 @@ def attention_reference(
     kh = np.repeat(k.transpose(0, 2, 1, 3), group, axis=1)
     vh = np.repeat(v.transpose(0, 2, 1, 3), group, axis=1)
     s = (qh @ np.swapaxes(kh, -1, -2)).astype(work) * work(scale)
-    offset = causal_offset(causal, Sq, Sk)
-    if offset is not None:
-        visible = np.arange(Sk)[None, :] <= rows[:, None] + offset
-        s = np.where(visible, s, -np.inf)
+    s, _ = modified_scores(s, Sq, rows, causal, **variants)
     m = s.max(axis=-1, keepdims=True)
     m_safe = np.where(np.isfinite(m), m, 0)
     p = np.exp(s - m_safe)
@@ -140,6 +217,74 @@ def attention_reference(
     if layout == "bhsd":
         out = out.transpose(0, 2, 1, 3)
     return out, lse.astype(np.float32 if precision is not None else np.float64)
+
+
+def _sequences(cu_seqlens_q, cu_seqlens_k):
+    """(b, query slice, key slice) of each sequence of a packed batch."""
+    cq, ck = (np.asarray(c, np.int64) for c in (cu_seqlens_q, cu_seqlens_k))
+    if cq.shape != ck.shape or cq.ndim != 1 or cq[0] != 0 or ck[0] != 0:
+        raise ValueError("cu_seqlens_q, cu_seqlens_k: expected two (B + 1,) offsets from 0")
+    if (np.diff(cq) < 0).any() or (np.diff(ck) < 0).any():
+        raise ValueError("cu_seqlens_q, cu_seqlens_k: offsets must not decrease")
+    return [(b, slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])) for b in range(len(cq) - 1)]
+
+
+def _sequence_variants(variants: dict, b: int) -> dict:
+    """A packed batch's variants for its sequence b, as a batch of one: slopes of shape
+    (B, Hq) and the functions' batch index taken at b."""
+    out = dict(variants)
+    slopes = variants.get("alibi_slopes")
+    if slopes is not None and np.ndim(slopes) == 2:
+        out["alibi_slopes"] = np.asarray(slopes)[b]
+    for name in ("score_mod", "score_mod_derivative"):
+        if variants.get(name) is not None:
+            out[name] = lambda x, _b, h, q_idx, kv_idx, f=variants[name]: f(x, b, h, q_idx, kv_idx)
+    if variants.get("mask_mod") is not None:
+        out["mask_mod"] = lambda _b, h, q_idx, kv_idx, f=variants["mask_mod"]: f(b, h, q_idx, kv_idx)
+    return out
+
+
+def varlen_attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None, **options):
+    """(out, lse) of a packed batch: q (total_q, Hq, D), k and v (total_k, Hkv, D / Dv), sequence
+    b's queries q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]] attending to its keys alone (causal and
+    windows per sequence, FlashAttention-2's ``flash_attn_varlen_func``); lse is (Hq, total_q).
+    ``options``: ``attention_reference``'s precision, out_precision and variants (a score_mod
+    or mask_mod gets the sequence's index as b)."""
+    q, k, v = (np.asarray(x) for x in (q, k, v))
+    work = np.float64 if options.get("precision") is None else np.float32
+    out = np.zeros((q.shape[0], q.shape[1], v.shape[2]), work)
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf, work)
+    variants = {n: options.pop(n) for n in list(options) if n not in ("precision", "out_precision")}
+    for b, rows, keys in _sequences(cu_seqlens_q, cu_seqlens_k):
+        if rows.stop == rows.start:
+            continue
+        o, l = attention_reference(
+            q[None, rows], k[None, keys], v[None, keys], causal, scale, **options, **_sequence_variants(variants, b)
+        )
+        out[rows], lse[:, rows] = o[0], l[0]
+    return out, lse
+
+
+def varlen_attention_backward_reference(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None, **options):
+    """(dq, dk, dv) of ``varlen_attention_reference``, shaped like q, k, v."""
+    dout, q, k, v = (np.asarray(x) for x in (dout, q, k, v))
+    work = np.float64 if options.get("precision") is None else np.float32
+    grads = [np.zeros(x.shape, work) for x in (q, k, v)]
+    variants = {n: options.pop(n) for n in list(options) if n not in ("precision", "out_precision")}
+    for b, rows, keys in _sequences(cu_seqlens_q, cu_seqlens_k):
+        parts = attention_backward_reference(
+            dout[None, rows],
+            q[None, rows],
+            k[None, keys],
+            v[None, keys],
+            causal,
+            scale,
+            **options,
+            **_sequence_variants(variants, b),
+        )
+        for g, part, where in zip(grads, parts, (rows, keys, keys)):
+            g[where] = part[0]
+    return tuple(grads)
 
 
 def tolerance(
@@ -176,31 +321,27 @@ def logit_bound(q, k, scale=None) -> float:
     return float(abs(scale) * np.linalg.norm(q, axis=-1).max() * np.linalg.norm(k, axis=-1).max())
 
 
-def _probabilities(q, k, v, causal, scale, work):
-    """(qh, kh, vh, P) of (B, S, H, D) arrays in ``work`` precision: q, k, v as (B, H, S, D)
-    with the key/value heads repeated over each GQA group, and softmax(scale Q K^T) with
-    the causal mask (rows that see no key: P = 0)."""
+def _probabilities(q, k, v, causal, scale, work, **variants):
+    """(qh, kh, vh, P, dS/dx) of (B, S, H, D) arrays in ``work`` precision: q, k, v as
+    (B, H, S, D) with the key/value heads repeated over each GQA group, softmax of the
+    modified scores of x = scale Q K^T (rows that see no key: P = 0), and the scores'
+    derivative with respect to x (``modified_scores``)."""
     Sq, Hq = q.shape[1], q.shape[2]
-    Sk, Hkv = k.shape[1], k.shape[2]
-    group = Hq // Hkv
+    group = Hq // k.shape[2]
     qh = q.transpose(0, 2, 1, 3)
     kh = np.repeat(k.transpose(0, 2, 1, 3), group, axis=1)
     vh = np.repeat(v.transpose(0, 2, 1, 3), group, axis=1)
     s = (qh @ np.swapaxes(kh, -1, -2)).astype(work) * scale
-    offset = causal_offset(causal, Sq, Sk)
-    visible = np.ones((Sq, Sk), bool)
-    if offset is not None:
-        visible = np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + offset
-    s = np.where(visible, s, -np.inf)
+    s, derivative = modified_scores(s, Sq, None, causal, **variants)
     m = s.max(axis=-1, keepdims=True)
     p = np.exp(s - np.where(np.isfinite(m), m, 0))
     l = p.sum(axis=-1, keepdims=True)
     p = np.where(l > 0, p / np.where(l > 0, l, 1), 0).astype(work)
-    return qh, kh, vh, p
+    return qh, kh, vh, p, derivative
 
 
 def attention_backward_reference(
-    dout, q, k, v, causal=False, scale=None, layout="bshd", precision=None, out_precision=None
+    dout, q, k, v, causal=False, scale=None, layout="bshd", precision=None, out_precision=None, **variants
 ):
     """(dq, dk, dv) of ``attention_reference`` for host arrays, shaped like q, k, v.
 
@@ -209,7 +350,8 @@ def attention_backward_reference(
     forward output (which the backward's delta uses), P and dS (before they
     enter their products) and the gradients rounded to it (the forward output and
     the gradients to ``out_precision`` if given). With GQA, dk and dv are summed
-    over the query heads of each group.
+    over the query heads of each group. ``variants`` as ``attention_reference``'s, with
+    ``score_mod_derivative`` where there is a score_mod (``modified_scores``).
     """
     dout, q, k, v = (_to_bshd(x, layout) for x in (dout, q, k, v))
     if precision is None:
@@ -224,14 +366,16 @@ def attention_backward_reference(
     if scale is None:
         scale = 1.0 / np.sqrt(D)
     scale = work(scale)
-    qh, kh, vh, p = _probabilities(q, k, v, causal, scale, work)
+    if variants.get("score_mod") is not None and variants.get("score_mod_derivative") is None:
+        raise ValueError("score_mod_derivative: the backward of a score_mod needs its derivative")
+    qh, kh, vh, p, derivative = _probabilities(q, k, v, causal, scale, work, **variants)
     doh = dout.transpose(0, 2, 1, 3)
     out = (p @ vh).astype(work)
     if precision is not None:
         out = round_to(out, out_precision or precision)
     dp = (doh @ np.swapaxes(vh, -1, -2)).astype(work)
     delta = (doh * out).sum(axis=-1, keepdims=True)
-    ds = p * (dp - delta)
+    ds = p * (dp - delta) * derivative  # (with respect to scale Q K^T)
     if precision is not None:  # P and dS enter their products in the input type, as on tensor cores
         p, ds = round_to(p, precision), round_to(ds, precision)
     dv = (np.swapaxes(p, -1, -2) @ doh).astype(work)
@@ -267,7 +411,7 @@ def delta_cancellation_error(dout, q, k, v, causal=False, scale=None, layout="bs
     group = Hq // Hkv
     if scale is None:
         scale = 1.0 / np.sqrt(D)
-    qh, kh, vh, p = _probabilities(q, k, v, causal, scale, np.float64)
+    qh, kh, vh, p, _ = _probabilities(q, k, v, causal, scale, np.float64)
     doh, oh = dout.transpose(0, 2, 1, 3), p @ vh
     terms = np.abs(doh) @ np.swapaxes(np.abs(vh), -1, -2) + (np.abs(doh) * np.abs(oh)).sum(-1, keepdims=True)
     ds_err = (unit or unit_roundoff("float32")) * p * terms
