@@ -49,3 +49,16 @@ def problems(draw):
         strided=draw(st.booleans()),
         seed=draw(st.integers(0, 2**31)),
     )
+
+
+def rising_keys(dtype, seed, B=1, Sq=300, Sk=1100, H=2, D=64):
+    """Host q, k, v (float32 values of ``dtype``) whose keys grow along the sequence, so that
+    rows' maxima rise tile after tile, past the online softmax's rescale threshold in some
+    tiles and below it in others."""
+    from cupyattn import testing
+
+    rng = np.random.default_rng(seed)
+    hq = testing.host_values((B, Sq, H, D), dtype, rng)
+    hk, hv = (testing.host_values((B, Sk, H, D), dtype, rng) for _ in range(2))
+    hk = testing.round_to(hk * np.linspace(0.2, 3.0, Sk, dtype=np.float32)[None, :, None, None], dtype)
+    return hq, hk, hv

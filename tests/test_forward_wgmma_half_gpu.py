@@ -5,6 +5,7 @@ describe fall back to the mma.sync forward."""
 
 import numpy as np
 import pytest
+from _gpu_cases import rising_keys
 from test_forward_gpu import run_and_check
 
 from cupyattn import testing
@@ -104,16 +105,12 @@ def test_scores_rising_along_the_keys_at_any_scale(dtype, scale, causal):
     import cupyattn
     from cupyattn.reference import attention_reference, logit_bound
 
-    rng = np.random.default_rng(17)
-    B, Sq, Sk, H, D = 1, 300, 1100, 2, 64
-    hq = testing.host_values((B, Sq, H, D), dtype, rng)
-    hk, hv = (testing.host_values((B, Sk, H, D), dtype, rng) for _ in range(2))
-    hk = testing.round_to(hk * np.linspace(0.2, 3.0, Sk, dtype=np.float32)[None, :, None, None], dtype)
+    hq, hk, hv = rising_keys(dtype, seed=17)
     q, k, v = (testing.to_device(x, dtype) for x in (hq, hk, hv))
     out, lse = cupyattn.attention(q, k, v, causal=causal, scale=scale, return_lse=True, policy=ONLY_HALF)
     ref, ref_lse = attention_reference(hq, hk, hv, causal=causal, scale=scale)
     ref_p, _ = attention_reference(hq, hk, hv, causal=causal, scale=scale, precision=dtype)
-    cmp = testing.compare(testing.to_host(out), ref, ref_p, dtype, Sk, logit_bound=logit_bound(hq, hk, scale))
+    cmp = testing.compare(testing.to_host(out), ref, ref_p, dtype, hk.shape[1], logit_bound=logit_bound(hq, hk, scale))
     assert cmp.ok, str(cmp)
     np.testing.assert_allclose(lse.get(), ref_lse, rtol=2e-5, atol=2e-5)
 

@@ -123,6 +123,22 @@ def test_tolerance_rejects_a_slightly_wrong_kernel(dtype):
     assert not compare(dropped[:, 1:], ref[:, 1:], ref_p[:, 1:], dtype, 128, logit_bound=bound).ok
 
 
+def central_differences(loss, arrays, eps=1e-6):
+    """d loss / d each array's entries, by central differences."""
+    grads = []
+    for which, x in enumerate(arrays):
+        numeric = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            args = list(arrays)
+            for sign in (1, -1):
+                xp = x.copy()
+                xp[idx] += sign * eps
+                args[which] = xp
+                numeric[idx] += sign * loss(*args) / (2 * eps)
+        grads.append(numeric)
+    return grads
+
+
 @pytest.mark.parametrize("causal", [False, True, "top_left"])
 def test_backward_reference_matches_central_finite_differences(causal):
     from cupyattn.reference import attention_backward_reference
@@ -134,16 +150,7 @@ def test_backward_reference_matches_central_finite_differences(causal):
     dout = rng.standard_normal((1, 5, 4, 2))
     loss = lambda q, k, v: float(np.sum(attention_reference(q, k, v, causal=causal, scale=0.6)[0] * dout))
     grads = attention_backward_reference(dout, q, k, v, causal=causal, scale=0.6)
-    eps = 1e-6
-    for which, (x, g) in enumerate(zip((q, k, v), grads)):
-        numeric = np.zeros_like(x)
-        for idx in np.ndindex(x.shape):
-            args = [q, k, v]
-            for sign in (1, -1):
-                xp = x.copy()
-                xp[idx] += sign * eps
-                args[which] = xp
-                numeric[idx] += sign * loss(*args) / (2 * eps)
+    for g, numeric in zip(grads, central_differences(loss, (q, k, v))):
         np.testing.assert_allclose(g, numeric, rtol=1e-6, atol=1e-8)
 
 
@@ -327,16 +334,7 @@ def test_variant_gradients_match_central_finite_differences(variants):
     dout = rng.standard_normal((1, 5, 4, 2))
     loss = lambda q, k, v: float(np.sum(attention_reference(q, k, v, causal, 0.6, **variants)[0] * dout))
     grads = attention_backward_reference(dout, q, k, v, causal, 0.6, **variants)
-    eps = 1e-6
-    for which, (x, g) in enumerate(zip((q, k, v), grads)):
-        numeric = np.zeros_like(x)
-        for idx in np.ndindex(x.shape):
-            args = [q, k, v]
-            for sign in (1, -1):
-                xp = x.copy()
-                xp[idx] += sign * eps
-                args[which] = xp
-                numeric[idx] += sign * loss(*args) / (2 * eps)
+    for g, numeric in zip(grads, central_differences(loss, (q, k, v))):
         np.testing.assert_allclose(g, numeric, rtol=1e-6, atol=1e-8)
 
 
