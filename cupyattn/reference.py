@@ -89,12 +89,12 @@ def modified_scores(
     the scores the softmax takes (softcap, ALiBi, score_mod in that order; -inf where the
     causal mask, the window or mask_mod hides a key) and their derivative with respect to x
     (0 where hidden; ``score_mod_derivative``, of the same arguments as score_mod, gives
-    score_mod's)."""
+    score_mod's), None where it is 1 (no softcap, no score_mod)."""
     B, H, _, Sk = x.shape
     rows = np.arange(seqlen_q) if rows is None else np.asarray(rows)
     b, h = np.arange(B)[:, None, None, None], np.arange(H)[None, :, None, None]
     q_idx, kv_idx = rows[None, None, :, None], np.arange(Sk)[None, None, None, :]
-    derivative = np.ones_like(x)
+    derivative = None
     if softcap is not None:
         t = np.tanh(x / softcap)
         x, derivative = softcap * t, 1 - t * t
@@ -104,13 +104,18 @@ def modified_scores(
         x = x - (slopes * np.abs(q_idx + Sk - seqlen_q - kv_idx)).astype(x.dtype)
     if score_mod is not None:
         if score_mod_derivative is not None:
-            derivative = derivative * score_mod_derivative(x, b, h, q_idx, kv_idx)
+            d = score_mod_derivative(x, b, h, q_idx, kv_idx)
+            derivative = d if derivative is None else derivative * d
         x = np.asarray(score_mod(x, b, h, q_idx, kv_idx), x.dtype)
     visible = visible_keys(seqlen_q, Sk, causal, window, rows)[None, None]
     if mask_mod is not None:
         visible = visible & np.asarray(mask_mod(b, h, q_idx, kv_idx), bool)
+    if derivative is not None:
+        derivative = np.where(visible, derivative, 0.0).astype(x.dtype)
+    if visible.all():  # (no copy where nothing is hidden)
+        return x, derivative
     x = np.broadcast_to(x, np.broadcast_shapes(x.shape, visible.shape))
-    return np.where(visible, x, -np.inf), np.where(visible, derivative, 0.0).astype(x.dtype)
+    return np.where(visible, x, -np.inf), derivative
 
 
 def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -325,7 +330,7 @@ def _probabilities(q, k, v, causal, scale, work, **variants):
     """(qh, kh, vh, P, dS/dx) of (B, S, H, D) arrays in ``work`` precision: q, k, v as
     (B, H, S, D) with the key/value heads repeated over each GQA group, softmax of the
     modified scores of x = scale Q K^T (rows that see no key: P = 0), and the scores'
-    derivative with respect to x (``modified_scores``)."""
+    derivative with respect to x (``modified_scores``; None where it is 1)."""
     Sq, Hq = q.shape[1], q.shape[2]
     group = Hq // k.shape[2]
     qh = q.transpose(0, 2, 1, 3)
@@ -375,7 +380,9 @@ def attention_backward_reference(
         out = round_to(out, out_precision or precision)
     dp = (doh @ np.swapaxes(vh, -1, -2)).astype(work)
     delta = (doh * out).sum(axis=-1, keepdims=True)
-    ds = p * (dp - delta) * derivative  # (with respect to scale Q K^T)
+    ds = p * (dp - delta)
+    if derivative is not None:  # (with respect to scale Q K^T)
+        ds = ds * derivative
     if precision is not None:  # P and dS enter their products in the input type, as on tensor cores
         p, ds = round_to(p, precision), round_to(ds, precision)
     dv = (np.swapaxes(p, -1, -2) @ doh).astype(work)
